@@ -189,12 +189,12 @@ def make_inputs(case: DecodeCase, device: str | torch.device = "cpu") -> DecodeI
     g = torch.Generator().manual_seed(case.seed)
     kw = {"scale": case.scale, "outlier_magnitude": case.outlier_magnitude, "outlier_channels": case.outlier_channels}
     q = sample((case.total_q, cfg.num_heads, cfg.qk_dim), case.dist, g, **kw)
+    # Draw the tokens in logical order first, then lay them out in (possibly permuted) pages, so the same seed
+    # gives the same logical q and KV for every page size.
+    kv_tokens = sample((case.total_kv, 1, cfg.qk_dim), case.dist, g, **kw)
     indptr, indices, last, num_pages = paged_layout(
         case.kv_lens, case.page_size, permute=case.permute_pages, generator=g
     )
-    # Draw the tokens in logical order, then scatter them to their physical pages, so the same seed gives
-    # the same logical KV for every page size.
-    kv_tokens = sample((case.total_kv, 1, cfg.qk_dim), case.dist, g, **kw)
     buf = torch.zeros((max(num_pages, 0), case.page_size, 1, cfg.qk_dim), dtype=kv_tokens.dtype)
     start = 0
     for b, n in enumerate(case.kv_lens):

@@ -20,7 +20,7 @@ from .checks import check_finite, check_indptr, check_tensor, ensure_fits
 from .config import MLA, MLAConfig
 from .inputs import DecodeInputs, kv_lens_from_layout
 
-__all__ = ["decode_reference", "decode_inputs_reference", "check_decode_args", "EmptyPolicy"]
+__all__ = ["decode_reference", "decode_inputs_reference", "decode_naive_loop", "check_decode_args", "EmptyPolicy"]
 
 EmptyPolicy = Literal["error", "zeros"]
 _FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -192,6 +192,25 @@ def decode_inputs_reference(inputs: DecodeInputs, **kw: object) -> tuple[torch.T
         config=inputs.case.config,
         **kw,  # type: ignore[arg-type]
     )
+
+
+def decode_naive_loop(inputs: DecodeInputs, sm_scale: float | None = None) -> torch.Tensor:
+    """The competition-template formulation, written as plainly as possible: one request, one query token and
+    one head at a time, max-subtracted softmax, float64. Slow; a teaching check of `decode_reference`."""
+    from .inputs import gather_request_kv
+
+    cfg = inputs.case.config
+    scale = cfg.sm_scale if sm_scale is None else sm_scale
+    out = torch.zeros((inputs.q.shape[0], cfg.num_heads, cfg.v_dim), dtype=torch.float64)
+    for b in range(inputs.batch):
+        kv = gather_request_kv(inputs, b)[:, 0, :].double().cpu()  # (n, 576)
+        keys, values = kv, kv[:, : cfg.v_dim]
+        for i in range(int(inputs.qo_indptr[b]), int(inputs.qo_indptr[b + 1])):
+            for h in range(cfg.num_heads):
+                scores = (keys @ inputs.q[i, h].double().cpu()) * scale
+                weights = torch.exp(scores - scores.max())
+                out[i, h] = (weights / weights.sum()) @ values
+    return out
 
 
 def main() -> None:
