@@ -1,0 +1,170 @@
+"""Block-scaled fp4: MXFP4 (E2M1 elements, one E8M0 power-of-two scale per 32) and NVFP4 (E2M1, one E4M3
+scale per 16, one fp32 scale per tensor).
+
+MX scale rules (X = 2**e is the block scale; elements are E2M1(v / X)):
+
+* ``floor`` (OCP MX v1.0 §6.3, torchao FLOOR): e = floor(log2 amax) - 2. amax/X lands in [4, 8): values
+  in (6, 8) saturate to 6 (up to 25 % error on the block max).
+* ``even`` (AMD Quark ``even_round``; what aiter's ``dynamic_mxfp4_quant`` does): round amax to a power of two
+  first — up iff its mantissa is >= 1.75 (add 0x200000 to the fp32 bits, clear the mantissa) — then floor.
+  amax/X lands in [3.5, 7). (aiter's newer docstring says "1.5x"; the measured step is 1.75.)
+* ``rceil`` (NVIDIA, aiter RoundUp): e = ceil(log2(amax / 6)). Never clips, may waste a binade.
+
+An all-zero block gets e = -127 (E8M0 0x00) and codes 0, so it dequantizes to exact zeros.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from ..checks import check_tensor
+from .formats import E2M1_MAX, e2m1_decode, e2m1_encode, e8m0_from_exponent, e8m0_to_float, pack_e2m1, unpack_e2m1
+
+__all__ = [
+    "MxRule",
+    "mx_scale_exponent",
+    "mxfp4_quantize",
+    "mxfp4_dequantize",
+    "mxfp4_fake_quant",
+    "nvfp4_quantize",
+    "nvfp4_dequantize",
+    "nvfp4_fake_quant",
+    "MX_BLOCK",
+    "NVFP4_BLOCK",
+]
+
+MX_BLOCK = 32
+NVFP4_BLOCK = 16
+_E2M1_EMAX = 2  # exponent of E2M1's largest normal (6 = 1.5 * 2**2)
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+class MxRule(str, enum.Enum):
+    """How an MX block's power-of-two scale is chosen from its amax."""
+
+    FLOOR = "floor"  # OCP MX spec
+    EVEN = "even"  # aiter / Quark
+    RCEIL = "rceil"  # NVIDIA / aiter RoundUp
+
+    @classmethod
+    def parse(cls, rule: str | MxRule) -> MxRule:
+        if isinstance(rule, MxRule):
+            return rule
+        try:
+            return cls(rule)
+        except ValueError:
+            raise ValueError(f"unknown MX scale rule {rule!r}; valid: {', '.join(r.value for r in cls)}") from None
+
+
+def _floor_log2(a: torch.Tensor) -> torch.Tensor:
+    """Exact floor(log2 a) for positive finite fp32 (frexp: a = m * 2**k, m in [0.5, 1))."""
+    _, k = torch.frexp(a)
+    return k.to(torch.int32) - 1
+
+
+def mx_scale_exponent(amax: torch.Tensor, rule: str | MxRule) -> torch.Tensor:
+    """Block amax (fp32, >= 0, finite) -> scale exponent e (int32, clamped to [-127, 127])."""
+    r = MxRule.parse(rule)
+    check_tensor("amax", amax, dtypes=(torch.float32,))
+    if bool((amax < 0).any()) or not bool(torch.isfinite(amax).all()):
+        raise ValueError("amax must be non-negative and finite")
+    zero = amax == 0
+    a = torch.where(zero, torch.ones_like(amax), amax)
+    if r is MxRule.FLOOR:
+        e = _floor_log2(a) - _E2M1_EMAX
+    elif r is MxRule.EVEN:
+        bits = a.view(torch.int32)
+        rounded = ((bits + 0x200000) & 0x7F800000).view(torch.float32)  # amax rounded to a power of two
+        e = _floor_log2(rounded) - _E2M1_EMAX
+    else:
+        y = a / E2M1_MAX  # fp32 division, as the kernels do
+        m, k = torch.frexp(y)
+        e = torch.where(m == 0.5, k - 1, k).to(torch.int32)  # ceil(log2 y), exact
+    e = torch.where(zero, torch.full_like(e, -127), e)
+    return e.clamp(-127, 127)
+
+
+def _blocks(name: str, x: torch.Tensor, block: int) -> torch.Tensor:
+    check_tensor(name, x, dtypes=_FLOATS)
+    if x.dim() < 1 or x.shape[-1] % block:
+        raise ValueError(
+            f"{name}'s last dim ({x.shape[-1] if x.dim() else 'scalar'}) must be a multiple of the block size {block}"
+        )
+    xf = x.float()
+    if not bool(torch.isfinite(xf).all()):
+        n = int((~torch.isfinite(xf)).sum())
+        raise ValueError(f"{name} contains {n} non-finite values; block scales would be undefined")
+    return xf.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+
+
+def mxfp4_quantize(x: torch.Tensor, rule: str | MxRule = "even") -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 along the last dim: returns (packed uint8 (..., N/2), E8M0 scales uint8 (..., N/32))."""
+    xb = _blocks("x", x, MX_BLOCK)
+    e = mx_scale_exponent(xb.abs().amax(-1), rule)
+    v = torch.ldexp(xb, -e.unsqueeze(-1))  # exact power-of-two scaling
+    codes = e2m1_encode(v).reshape(x.shape)
+    return pack_e2m1(codes), e8m0_from_exponent(e)
+
+
+def mxfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Inverse of `mxfp4_quantize` (float32)."""
+    check_tensor("packed", packed, dtypes=(torch.uint8,))
+    check_tensor("scales", scales, dtypes=(torch.uint8,))
+    vals = e2m1_decode(unpack_e2m1(packed))
+    n = vals.shape[-1]
+    if scales.shape != (*vals.shape[:-1], n // MX_BLOCK):
+        raise ValueError(f"scales must have shape {(*vals.shape[:-1], n // MX_BLOCK)}, got {tuple(scales.shape)}")
+    vb = vals.reshape(*vals.shape[:-1], n // MX_BLOCK, MX_BLOCK) * e8m0_to_float(scales).unsqueeze(-1)
+    return vb.reshape(vals.shape)
+
+
+def mxfp4_fake_quant(x: torch.Tensor, rule: str | MxRule = "even") -> torch.Tensor:
+    return mxfp4_dequantize(*mxfp4_quantize(x, rule))
+
+
+def nvfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NVFP4 along the last dim (torchao's two-level recipe): returns (packed uint8 (..., N/2), E4M3 block
+    scales (..., N/16), fp32 global scale (1,)). Global scale = amax / (448 * 6); an all-zero tensor gets
+    global scale 1 and zero codes."""
+    xb = _blocks("x", x, NVFP4_BLOCK)
+    amax = xb.abs().amax()
+    g = (amax / (448.0 * E2M1_MAX)) if float(amax) > 0 else torch.tensor(1.0)
+    g = g.reshape(1).float()
+    block_scale = xb.abs().amax(-1) / E2M1_MAX / g
+    s8 = block_scale.clamp(min=torch.finfo(torch.float8_e4m3fn).tiny, max=448.0).to(torch.float8_e4m3fn)
+    total = s8.float() * g
+    v = (xb / total.unsqueeze(-1)).clamp(-E2M1_MAX, E2M1_MAX)
+    codes = e2m1_encode(v).reshape(x.shape)
+    return pack_e2m1(codes), s8, g
+
+
+def nvfp4_dequantize(packed: torch.Tensor, block_scales: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    check_tensor("packed", packed, dtypes=(torch.uint8,))
+    check_tensor("block_scales", block_scales, dtypes=(torch.float8_e4m3fn,))
+    check_tensor("global_scale", global_scale, shape=(1,), dtypes=(torch.float32,))
+    vals = e2m1_decode(unpack_e2m1(packed))
+    n = vals.shape[-1]
+    vb = vals.reshape(*vals.shape[:-1], n // NVFP4_BLOCK, NVFP4_BLOCK)
+    vb = vb * (block_scales.float() * global_scale).unsqueeze(-1)
+    return vb.reshape(vals.shape)
+
+
+def nvfp4_fake_quant(x: torch.Tensor) -> torch.Tensor:
+    return nvfp4_dequantize(*nvfp4_quantize(x))
+
+
+def main() -> None:
+    """Demo: one 32-block whose max has mantissa 1.8 under the three rules."""
+    x = torch.linspace(-1, 1, 32) * 1.8
+    for r in MxRule:
+        y = mxfp4_fake_quant(x, r)
+        print(
+            f"{r.value:>5}: scale 2^{int(mx_scale_exponent(x.abs().amax().reshape(1), r))}, max err "
+            f"{float((y - x).abs().max()):.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
