@@ -1,0 +1,284 @@
+"""Persistent split-KV MLA decode in Triton: stage 1 executes a WorkPlan, a reduce merges the partials.
+
+The problem (DeepSeek-R1 absorbed MLA, TP8): 16 query heads share ONE latent KV head of 576 dims whose first
+512 dims are also the values. Per KV token a kernel must read 576 B (fp8) or 1152 B (bf16) and does
+2·16·(576+512) FLOP, i.e. ~60 FLOP/B at fp8: far below the H200's ridge, so the decode is memory-bound and the
+whole game is (1) read every KV byte exactly once, for all 16 heads together, and (2) keep enough loads in flight
+on all 132 SMs. Everything below follows from that.
+
+Stage 1 (``_stage1_kernel``) is *persistent*: the grid has one program per "CU slot" of the plan
+(``work_indptr.numel() - 1``, e.g. 132 on the H200), and program ``c`` walks its works
+``work_info[work_indptr[c]:work_indptr[c+1]]`` in order. A work row is
+``[batch_idx, partial_qo_loc, qo_start, qo_end, kv_start, kv_end, kv_offset, pad]``; for each of its query rows
+the program streams the KV range ``kv_start:kv_end`` (positions in ``kv_indices``) through an online softmax
+and writes either the final bf16 output (``partial_qo_loc < 0``: the request was not split) or an fp32 partial
+output plus its natural-log LSE at partial row ``partial_qo_loc + (i - qo_start)``.
+
+Reduce (``_reduce_kernel``): for each reduce tile with >= 2 partials, ``o = Σ_i exp(L_i - M) O_i / Σ_i exp(L_i - M)``
+with ``M = max_i L_i`` (natural log), cast to the output dtype; tiles with one partial are skipped (the
+stage-1 work already wrote the output), exactly aiter's ``mla_reduce_v1`` contract.
+
+Precision variants (the dtype of q and of the KV buffer decide; scales are per tensor):
+
+* ``bf16``:  bf16 q · bf16 KV, bf16 tensor-core dots, fp32 accumulation.
+* ``a16w8``: bf16 q · fp8 KV; K/V codes are widened to bf16 in registers (exact), the scale is folded into the
+  softmax scale (for QK) and into the final normalisation (for PV), so no per-element multiply is needed.
+* ``a8w8``:  fp8 q · fp8 KV (the competition reference's numerics): the QK dot runs in fp8 on the tensor cores;
+  P = exp(S - m) ∈ (0, 1] is rounded to the KV's fp8 type for the PV dot, as aiter does.
+
+The fp8 *flavour* is whatever the tensors carry (e4m3fn on NVIDIA, e4m3fnuz on AMD through Triton-ROCm): the
+kernel only ever casts "to the KV's element type", it never names a flavour.
+
+Two orientations of the same math (constexpr ``TRANSPOSED``):
+
+* heads-major: ``S = Q·Kᵀ`` is (16, BLOCK_N); the MMA's M dimension is the 16 heads. Hopper's wgmma needs
+  M = 64 per warpgroup, so Triton falls back to mma.sync tiles for M = 16.
+* tokens-major (FlashMLA-ETAP's trick): ``Sᵀ = K·Qᵀ`` is (BLOCK_N, 16) and ``Oᵀ = Vᵀ·Pᵀ`` is (512, 16); the KV
+  tokens / value dims are the M dimension, so 16 heads never pad a 64-row tile.
+
+Page size 1 (``kv_indices`` are token rows) and paged layouts (``PAGE_SIZE`` > 1: positions are *token*
+positions in the page-expanded list, token ``p`` lives at row ``kv_indices[p // PAGE_SIZE]·PAGE_SIZE + p % PAGE_SIZE``)
+are both gathers: the row index is computed per token, so a scattered page-size-1 cache costs the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+__all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET"]
+
+#: True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``): the interpreter computes bf16
+#: ``tl.dot`` wrongly (see research/triton_interpreter.md), so the launcher upcasts bf16 dots to fp32 there.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE: tl.constexpr):
+    """Physical token rows of logical positions ``pos`` (a gather through the page table)."""
+    if PAGE_SIZE == 1:
+        rows = tl.load(KV_INDICES + pos, mask=mask, other=0)
+    else:
+        page = tl.load(KV_INDICES + pos // PAGE_SIZE, mask=mask, other=0)
+        rows = page * PAGE_SIZE + pos % PAGE_SIZE
+    # int64: a 128 x 8192 x 576 fp8 cache is 604 MB, bf16 1.2 GB; row * stride can pass 2^31.
+    return rows.to(tl.int64)
+
+
+@triton.jit
+def _stage1_kernel(
+    Q,  # (total_q, H, 576) bf16 or fp8 codes
+    KV,  # (rows, 576) bf16 or fp8 codes: rows = num_pages * page_size
+    KV_INDICES,  # int32 page ids (token rows when PAGE_SIZE == 1)
+    WORK_INDPTR,  # (n_cu + 1,) int32
+    WORK_INFO,  # (n_work, 8) int32
+    OUT,  # (total_q, H, 512) output (bf16, or fp32 for exactness tests)
+    OUT_LSE,  # (total_q, H) fp32
+    PART_O,  # (n_partial_rows, H, 512) fp32
+    PART_LSE,  # (n_partial_rows, H) fp32
+    Q_SCALE,  # (1,) fp32 dequantisation scale of q (1.0 for bf16)
+    KV_SCALE,  # (1,) fp32 dequantisation scale of the KV (1.0 for bf16)
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_kv,
+    stride_ot,
+    stride_oh,
+    H: tl.constexpr,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    QK_FP8: tl.constexpr,  # q and K both fp8: the QK dot runs on fp8 operands
+    KV_FP8: tl.constexpr,  # K/V are fp8 codes
+    PV_EXACT: tl.constexpr,  # PV (and QK) in fp32 "ieee": kernel error only from accumulation (tests)
+    TRANSPOSED: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    w_begin = tl.load(WORK_INDPTR + pid)
+    w_end = tl.load(WORK_INDPTR + pid + 1)
+
+    offs_h = tl.arange(0, H)
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_ROPE)
+    offs_n = tl.arange(0, BLOCK_N)
+    # Fold every scalar factor of the scores into one multiply, in base 2 (exp2 is the native instruction):
+    # S·log2(e) = (q_codes·k_codes) · sm_scale · q_scale · kv_scale · log2(e).
+    qk_scale = sm_scale * tl.load(Q_SCALE) * tl.load(KV_SCALE) * 1.4426950408889634
+    v_scale = tl.load(KV_SCALE)
+
+    for w in range(w_begin, w_end):
+        info = WORK_INFO + w * 8
+        partial_loc = tl.load(info + 1)
+        qo_start = tl.load(info + 2)
+        qo_end = tl.load(info + 3)
+        kv_start = tl.load(info + 4)
+        kv_end = tl.load(info + 5)
+        # q_len > 1 (speculative decode) re-streams the KV range per query row: simple, and decode is q_len 1.
+        for qi in range(qo_start, qo_end):
+            q_ptr = Q + qi * stride_qt
+            if TRANSPOSED:
+                # (D, H) views of q: the B operand of Sᵀ = K·Qᵀ, reduction dim contiguous ("K-major").
+                q_nope = tl.load(q_ptr + offs_h[None, :] * stride_qh + offs_d[:, None])
+                q_rope = tl.load(q_ptr + offs_h[None, :] * stride_qh + D_NOPE + offs_r[:, None])
+                m_i = tl.full([H], float("-inf"), tl.float32)
+                l_i = tl.zeros([H], tl.float32)
+                acc = tl.zeros([D_NOPE, H], tl.float32)
+            else:
+                q_nope = tl.load(q_ptr + offs_h[:, None] * stride_qh + offs_d[None, :])
+                q_rope = tl.load(q_ptr + offs_h[:, None] * stride_qh + D_NOPE + offs_r[None, :])
+                m_i = tl.full([H], float("-inf"), tl.float32)
+                l_i = tl.zeros([H], tl.float32)
+                acc = tl.zeros([H, D_NOPE], tl.float32)
+            if PV_EXACT:
+                q_nope = q_nope.to(tl.float32)
+                q_rope = q_rope.to(tl.float32)
+            elif not QK_FP8:
+                q_nope = q_nope.to(tl.bfloat16)
+                q_rope = q_rope.to(tl.bfloat16)
+
+            for start in range(kv_start, kv_end, BLOCK_N):
+                pos = start + offs_n
+                mask = pos < kv_end
+                rows = _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE)
+                # One gather of the 576-dim rows, used as K (all 576) and V (first 512): each byte read once.
+                k_nope = tl.load(KV + rows[:, None] * stride_kv + offs_d[None, :], mask=mask[:, None], other=0.0)
+                k_rope = tl.load(
+                    KV + rows[:, None] * stride_kv + D_NOPE + offs_r[None, :], mask=mask[:, None], other=0.0
+                )
+                if PV_EXACT:
+                    kq_nope = k_nope.to(tl.float32)
+                    kq_rope = k_rope.to(tl.float32)
+                elif KV_FP8 and not QK_FP8:
+                    kq_nope = k_nope.to(tl.bfloat16)  # a16w8: widen the codes (exact); the scale is in qk_scale
+                    kq_rope = k_rope.to(tl.bfloat16)
+                else:
+                    kq_nope = k_nope
+                    kq_rope = k_rope
+
+                if TRANSPOSED:
+                    if PV_EXACT:
+                        s = tl.dot(kq_nope, q_nope, input_precision="ieee")
+                        s = tl.dot(kq_rope, q_rope, s, input_precision="ieee")
+                    else:
+                        s = tl.dot(kq_nope, q_nope)
+                        s = tl.dot(kq_rope, q_rope, s)
+                    s = s * qk_scale
+                    s = tl.where(mask[:, None], s, float("-inf"))  # (BLOCK_N, H)
+                    m_new = tl.maximum(m_i, tl.max(s, 0))
+                    alpha = tl.math.exp2(m_i - m_new)
+                    p = tl.math.exp2(s - m_new[None, :])
+                    l_i = l_i * alpha + tl.sum(p, 0)
+                    acc = acc * alpha[None, :]
+                    if PV_EXACT:
+                        acc = tl.dot(tl.trans(k_nope.to(tl.float32)), p, acc, input_precision="ieee")
+                    elif KV_FP8 and QK_FP8:
+                        acc = tl.dot(tl.trans(k_nope), p.to(k_nope.dtype), acc)
+                    else:
+                        acc = tl.dot(tl.trans(kq_nope), p.to(tl.bfloat16), acc)
+                else:
+                    if PV_EXACT:
+                        s = tl.dot(q_nope, tl.trans(kq_nope), input_precision="ieee")
+                        s = tl.dot(q_rope, tl.trans(kq_rope), s, input_precision="ieee")
+                    else:
+                        s = tl.dot(q_nope, tl.trans(kq_nope))
+                        s = tl.dot(q_rope, tl.trans(kq_rope), s)
+                    s = s * qk_scale
+                    s = tl.where(mask[None, :], s, float("-inf"))  # (H, BLOCK_N)
+                    m_new = tl.maximum(m_i, tl.max(s, 1))
+                    alpha = tl.math.exp2(m_i - m_new)
+                    p = tl.math.exp2(s - m_new[:, None])
+                    l_i = l_i * alpha + tl.sum(p, 1)
+                    acc = acc * alpha[:, None]
+                    if PV_EXACT:
+                        acc = tl.dot(p, k_nope.to(tl.float32), acc, input_precision="ieee")
+                    elif KV_FP8 and QK_FP8:
+                        # a8w8: P ∈ (0, 1] rounded to the KV's fp8 type, PV on fp8 tensor cores (aiter's numerics).
+                        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+                    else:
+                        acc = tl.dot(p.to(tl.bfloat16), kq_nope, acc)
+                m_i = m_new
+
+            # An empty range (kv_start == kv_end) gives l = 0: output 0 and LSE -inf, the identity of the merge.
+            has = l_i > 0.0
+            l_safe = tl.where(has, l_i, 1.0)
+            lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+            if TRANSPOSED:
+                o = acc * (v_scale / l_safe)[None, :]
+                d_off = offs_d[:, None]
+                h_off = offs_h[None, :]
+            else:
+                o = acc * (v_scale / l_safe)[:, None]
+                d_off = offs_d[None, :]
+                h_off = offs_h[:, None]
+            if partial_loc < 0:
+                o_ptr = OUT + qi * stride_ot + h_off * stride_oh + d_off
+                tl.store(o_ptr, o.to(OUT.dtype.element_ty))
+                tl.store(OUT_LSE + qi * H + offs_h, lse)
+            else:
+                row = (partial_loc + qi - qo_start).to(tl.int64)
+                tl.store(PART_O + row * (H * D_NOPE) + h_off * D_NOPE + d_off, o)
+                tl.store(PART_LSE + row * H + offs_h, lse)
+
+
+@triton.jit
+def _reduce_kernel(
+    PART_O,  # (P, H, DV) fp32
+    PART_LSE,  # (P, H) fp32
+    REDUCE_INDPTR,  # (T + 1,) int32
+    REDUCE_FINAL_MAP,  # (T, 2) int32: q rows [q_start, q_end) of tile t
+    REDUCE_PARTIAL_MAP,  # (P_tiles,) int32: first partial row of each partial
+    OUT,
+    OUT_LSE,
+    stride_ot,
+    stride_oh,
+    H: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    # Grid (T, DV // BLOCK_DV): splitting the 512 value dims gives 4x more programs than tiles, which matters at
+    # small batch where T is only 4..32 and the partials are a few MB.
+    t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    s = tl.load(REDUCE_INDPTR + t)
+    e = tl.load(REDUCE_INDPTR + t + 1)
+    if e - s > 1:  # one partial: stage 1 already wrote the final output (aiter skips these tiles too)
+        q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
+        q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
+        offs_h = tl.arange(0, H)
+        offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        for r in range(q_start, q_end):
+            u = r - q_start
+            # Pass 1: the largest LSE per head, so the weights exp(L_i - M) are <= 1 (no overflow).
+            m = tl.full([H], float("-inf"), tl.float32)
+            for i in range(s, e):
+                prow = (tl.load(REDUCE_PARTIAL_MAP + i) + u).to(tl.int64)
+                m = tl.maximum(m, tl.load(PART_LSE + prow * H + offs_h))
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            # Pass 2: the weighted sum of the fp32 partial outputs.
+            acc = tl.zeros([H, BLOCK_DV], tl.float32)
+            wsum = tl.zeros([H], tl.float32)
+            for i in range(s, e):
+                prow = (tl.load(REDUCE_PARTIAL_MAP + i) + u).to(tl.int64)
+                wgt = tl.exp(tl.load(PART_LSE + prow * H + offs_h) - m_safe)
+                o_i = tl.load(PART_O + prow * (H * DV) + offs_h[:, None] * DV + offs_d[None, :])
+                acc += wgt[:, None] * o_i
+                wsum += wgt
+            w_safe = tl.where(wsum > 0.0, wsum, 1.0)
+            out = acc / w_safe[:, None]
+            tl.store(
+                OUT + r * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
+                out.to(OUT.dtype.element_ty),
+            )
+            if pid_d == 0:
+                lse = tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf"))
+                tl.store(OUT_LSE + r * H + offs_h, lse)
+
+
+stage1_kernel = _stage1_kernel
+reduce_kernel = _reduce_kernel

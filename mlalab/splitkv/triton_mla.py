@@ -1,0 +1,385 @@
+"""Host side of the Triton split-KV decode: precision schemes, quantisation of the inputs, plan checks, launches.
+
+Public API:
+
+* `Precision` (enum: ``a8w8``, ``a16w8``, ``bf16``) and `prepare(inputs, precision, fp8_dtype)` -> `PreparedInputs`
+  (q and the KV as the kernel reads them, plus per-tensor dequantisation scales);
+* `TritonDecoder(prepared, plan, ...)`: holds the plan on the device and the partial buffers, and runs stage 1 +
+  reduce with no host synchronisation (so it can be captured in a CUDA graph);
+* `triton_decode(prepared, plan, ...)` -> ``(out, lse)``: one call;
+* `naive_decode(prepared)`: the readable version — the exact fp64 reference on the dequantised inputs, i.e. what
+  the kernel must reproduce up to fp32 accumulation (and P rounding, in the production modes);
+* `simple_plan(kv_lens, q_len, num_cus)`: an even contiguous split used until/unless `mlalab.splitkv.make_plan`
+  is available (the planners proper live there).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import MLA
+from ..inputs import DecodeInputs
+from ..reference import decode_reference
+
+__all__ = [
+    "Precision",
+    "PreparedInputs",
+    "prepare",
+    "SimplePlan",
+    "simple_plan",
+    "check_plan",
+    "KernelConfig",
+    "TritonDecoder",
+    "triton_decode",
+    "naive_decode",
+    "main",
+]
+
+_FP8_DTYPES = {
+    "e4m3fn": getattr(torch, "float8_e4m3fn", None),
+    "e4m3fnuz": getattr(torch, "float8_e4m3fnuz", None),
+}
+
+
+class Precision(str, enum.Enum):
+    """Which operands are fp8 (per-tensor scales) and which stay bf16."""
+
+    A8W8 = "a8w8"  # fp8 q, fp8 KV: the competition reference's numerics
+    A16W8 = "a16w8"  # bf16 q, fp8 KV
+    BF16 = "bf16"  # bf16 q, bf16 KV
+
+    @classmethod
+    def parse(cls, x: str | Precision) -> Precision:
+        if isinstance(x, Precision):
+            return x
+        try:
+            return cls(str(x).lower())
+        except ValueError:
+            raise ValueError(f"unknown precision {x!r}; supported: {', '.join(p.value for p in cls)}") from None
+
+
+def fp8_torch_dtype(fp8_format: str) -> torch.dtype:
+    """The torch dtype of an fp8 flavour name (``e4m3fn`` on NVIDIA, ``e4m3fnuz`` on AMD MI300)."""
+    try:
+        from ..quant import fp8_dtype  # the one place the flavours live, once it exists
+
+        return fp8_dtype(fp8_format)
+    except ImportError:
+        pass
+    dt = _FP8_DTYPES.get(fp8_format)
+    if dt is None:
+        raise ValueError(f"unknown fp8 format {fp8_format!r}; supported: e4m3fn, e4m3fnuz")
+    return dt
+
+
+def _quantize_per_tensor(x: torch.Tensor, fp8_format: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor amax quantisation (codes, float32 scale of shape (1,)); mlalab.quant's when available."""
+    try:
+        from ..quant import quantize_fp8_per_tensor
+
+        return quantize_fp8_per_tensor(x, fp8_format)
+    except ImportError:
+        pass
+    dt = fp8_torch_dtype(fp8_format)
+    fmax = float(torch.finfo(dt).max)
+    amax = x.abs().amax().float().clamp_min(1e-12)
+    scale = (amax / fmax).reshape(1)
+    # Clamp explicitly: torch's fp8 casts do not saturate consistently across versions (research/quantization.md).
+    codes = (x.float() / scale).clamp(-fmax, fmax).to(dt)
+    return codes, scale.to(torch.float32)
+
+
+@dataclass(frozen=True)
+class PreparedInputs:
+    """Inputs as the kernel reads them. ``kv`` is the buffer flattened to ``(pages·page_size, 576)`` rows."""
+
+    q: torch.Tensor
+    kv: torch.Tensor
+    q_scale: torch.Tensor  # (1,) float32 dequantisation scale (1.0 when bf16)
+    kv_scale: torch.Tensor
+    kv_indices: torch.Tensor  # int32 page ids
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor  # in pages
+    kv_last_page_len: torch.Tensor
+    page_size: int
+    precision: Precision
+    fp8_format: str
+
+    @property
+    def batch(self) -> int:
+        return int(self.qo_indptr.numel() - 1)
+
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, kv as (pages, page_size, 1, 576)) in float64 on the CPU: what the kernel's math sees."""
+        q = self.q.to("cpu", torch.float64) * float(self.q_scale.cpu()[0])
+        kv = self.kv.to("cpu", torch.float64) * float(self.kv_scale.cpu()[0])
+        return q, kv.reshape(-1, self.page_size, 1, kv.shape[-1])
+
+
+def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_format: str = "e4m3fn") -> PreparedInputs:
+    """Quantise `inputs` for `precision` (per-tensor amax scales) and flatten the KV pages to token rows."""
+    if not isinstance(inputs, DecodeInputs):
+        raise TypeError(f"inputs must be a DecodeInputs, got {type(inputs).__name__}")
+    prec = Precision.parse(precision)
+    if prec is not Precision.BF16:
+        fp8_torch_dtype(fp8_format)  # validates the flavour name
+    q, kv = inputs.q, inputs.kv_buffer
+    if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
+        raise TypeError(f"prepare expects bf16 q and kv_buffer (as make_inputs builds them), got {q.dtype}, {kv.dtype}")
+    one = torch.ones(1, dtype=torch.float32, device=q.device)
+    kv_rows = kv.reshape(-1, kv.shape[-1])
+    if prec is Precision.BF16:
+        qk, qs, kvk, ks = q, one, kv_rows, one
+    elif prec is Precision.A16W8:
+        kvk, ks = _quantize_per_tensor(kv_rows, fp8_format)
+        qk, qs = q, one
+    else:
+        kvk, ks = _quantize_per_tensor(kv_rows, fp8_format)
+        qk, qs = _quantize_per_tensor(q, fp8_format)
+    return PreparedInputs(
+        q=qk.contiguous(),
+        kv=kvk.contiguous(),
+        q_scale=qs.to(q.device),
+        kv_scale=ks.to(q.device),
+        kv_indices=inputs.kv_indices.to(torch.int32),
+        qo_indptr=inputs.qo_indptr,
+        kv_indptr=inputs.kv_indptr,
+        kv_last_page_len=inputs.kv_last_page_len,
+        page_size=inputs.page_size,
+        precision=prec,
+        fp8_format=fp8_format,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ plans
+@dataclass(frozen=True)
+class SimplePlan:
+    """A WorkPlan-shaped set of int32 tensors (same layout as mlalab.splitkv.WorkPlan)."""
+
+    work_indptr: torch.Tensor
+    work_info: torch.Tensor
+    reduce_indptr: torch.Tensor
+    reduce_final_map: torch.Tensor
+    reduce_partial_map: torch.Tensor
+    num_cus: int
+    batch: int
+    n_partial_rows: int
+
+    def to(self, device: str | torch.device) -> SimplePlan:
+        return SimplePlan(
+            *(t.to(device) for t in (self.work_indptr, self.work_info, self.reduce_indptr)),
+            self.reduce_final_map.to(device),
+            self.reduce_partial_map.to(device),
+            self.num_cus,
+            self.batch,
+            self.n_partial_rows,
+        )
+
+
+def simple_plan(
+    kv_lens: list[int] | tuple[int, ...],
+    q_len: int,
+    num_cus: int,
+    *,
+    block: int = 64,
+    kv_starts: list[int] | None = None,
+) -> SimplePlan:
+    """Even contiguous split: chunks of ~total_kv/num_cus tokens (multiples of `block`), then program ``c`` takes
+    works ``[c·W/num_cus, (c+1)·W/num_cus)``. `kv_starts` are each request's first token position (default: the
+    running sum of `kv_lens`, i.e. page size 1; for pages pass ``kv_indptr[b]·page_size``)."""
+    if num_cus < 1 or q_len < 1 or block < 1:
+        raise ValueError(f"num_cus, q_len and block must be >= 1, got {num_cus}, {q_len}, {block}")
+    lens = [int(n) for n in kv_lens]
+    if kv_starts is not None and len(kv_starts) != len(lens):
+        raise ValueError(f"kv_starts has {len(kv_starts)} entries for {len(lens)} requests")
+    total = sum(lens)
+    chunk = max(block, math.ceil(math.ceil(total / num_cus) / block) * block)
+    works: list[list[int]] = []
+    r_indptr, r_final, r_part = [0], [], []
+    kv0, p_rows = 0, 0
+    for b, n in enumerate(lens):
+        if kv_starts is not None:
+            kv0 = int(kv_starts[b])
+        nsplit = max(1, math.ceil(n / chunk))
+        per = math.ceil(math.ceil(n / nsplit) / block) * block if nsplit > 1 else n
+        qs, qe = b * q_len, (b + 1) * q_len
+        r_final.append([qs, qe])
+        if nsplit == 1:
+            works.append([b, -1, qs, qe, kv0, kv0 + n, 0, 0])
+            r_part.append(-1)
+        else:
+            for i in range(nsplit):
+                ks, ke = kv0 + min(n, i * per), kv0 + min(n, (i + 1) * per)
+                if ks >= ke:
+                    continue
+                works.append([b, p_rows, qs, qe, ks, ke, kv0 + n - ke, 0])
+                r_part.append(p_rows)
+                p_rows += q_len
+        r_indptr.append(len(r_part))
+        kv0 += n
+    nw = len(works)
+    w_indptr = [c * nw // num_cus for c in range(num_cus + 1)]
+    return SimplePlan(
+        torch.tensor(w_indptr, dtype=torch.int32),
+        torch.tensor(works, dtype=torch.int32).reshape(-1, 8),
+        torch.tensor(r_indptr, dtype=torch.int32),
+        torch.tensor(r_final, dtype=torch.int32).reshape(-1, 2),
+        torch.tensor(r_part, dtype=torch.int32),
+        num_cus,
+        len(lens),
+        p_rows,
+    )
+
+
+def check_plan(plan: Any, batch: int, total_q: int) -> None:
+    """Reject a plan that cannot belong to these tensors (wrong batch, missing fields, q rows out of range)."""
+    for name in ("work_indptr", "work_info", "reduce_indptr", "reduce_final_map", "reduce_partial_map"):
+        t = getattr(plan, name, None)
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise TypeError(f"plan.{name} must be an int32 tensor (a WorkPlan from mlalab.splitkv.make_plan)")
+    if int(plan.batch) != batch:
+        raise ValueError(f"plan was built for batch {int(plan.batch)} but the inputs have batch {batch}")
+    wi = plan.work_info
+    if wi.dim() != 2 or wi.shape[1] != 8:
+        raise ValueError(f"plan.work_info must be (n_work, 8), got {tuple(wi.shape)}")
+    if wi.numel():
+        wc = wi.cpu()
+        if int(wc[:, 3].max()) > total_q or int(wc[:, 2].min()) < 0:
+            raise ValueError(f"plan.work_info q rows lie outside [0, {total_q}): built for other inputs?")
+
+
+def _plan_partial_rows(plan: Any) -> int:
+    n = getattr(plan, "n_partial_rows", None)
+    if n is not None:
+        return int(n)
+    wi = plan.work_info.cpu()
+    split = wi[:, 1] >= 0
+    return int((wi[split, 1] + wi[split, 3] - wi[split, 2]).max()) if bool(split.any()) else 0
+
+
+# ------------------------------------------------------------------------------------------------ launch
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`)."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    transposed: bool = False
+
+
+class TritonDecoder:
+    """Stage 1 + reduce for one plan and one set of tensor shapes; `__call__` launches without host syncs.
+
+    ``out_dtype=torch.float32`` keeps the output before the final bf16 cast (used by the exactness tests).
+    ``pv_exact=True`` runs both dots on fp32 operands ("ieee"), so the only kernel error is fp32 accumulation.
+    """
+
+    def __init__(
+        self,
+        prepared: PreparedInputs,
+        plan: Any,
+        *,
+        config: KernelConfig = KernelConfig(),
+        out_dtype: torch.dtype = torch.bfloat16,
+        pv_exact: bool = False,
+        sm_scale: float | None = None,
+    ) -> None:
+        import triton  # noqa: F401  (clear ImportError before any work)
+
+        from . import triton_decode as K
+
+        if not isinstance(prepared, PreparedInputs):
+            raise TypeError(f"prepared must be a PreparedInputs (see prepare()), got {type(prepared).__name__}")
+        if out_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+        if config.block_n < 16 or config.block_n & (config.block_n - 1):
+            raise ValueError(f"block_n must be a power of two >= 16, got {config.block_n}")
+        dev = prepared.q.device
+        if dev.type == "cpu" and not K.INTERPRET:
+            raise RuntimeError("the Triton backend needs a GPU (or TRITON_INTERPRET=1 for tiny CPU runs)")
+        check_plan(plan, prepared.batch, int(prepared.q.shape[0]))
+        self.K = K
+        self.p = prepared
+        self.plan = plan.to(dev)
+        self.config = config
+        self.pv_exact = bool(pv_exact or (K.INTERPRET and prepared.precision is not Precision.A8W8))
+        self.sm_scale = MLA.sm_scale if sm_scale is None else float(sm_scale)
+        total_q, H = int(prepared.q.shape[0]), MLA.num_heads
+        n_part = max(1, _plan_partial_rows(plan))
+        self.out = torch.empty((total_q, H, MLA.v_dim), dtype=out_dtype, device=dev)
+        self.lse = torch.empty((total_q, H), dtype=torch.float32, device=dev)
+        self.part_o = torch.empty((n_part, H, MLA.v_dim), dtype=torch.float32, device=dev)
+        self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
+        self.n_cu = int(plan.work_indptr.numel() - 1)
+        self.n_tiles = int(plan.reduce_indptr.numel() - 1)
+
+    def __call__(
+        self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run on the prepared tensors, or on same-shaped `q` / `kv` (e.g. rotated copies for timing)."""
+        p, c, plan = self.p, self.config, self.plan
+        q = p.q if q is None else q
+        kv = p.kv if kv is None else kv
+        H, DV = MLA.num_heads, MLA.v_dim
+        self.K.stage1_kernel[(self.n_cu,)](
+            q, kv, p.kv_indices, plan.work_indptr, plan.work_info,
+            self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
+            q.stride(0), q.stride(1), kv.stride(0), self.out.stride(0), self.out.stride(1),
+            H=H, D_NOPE=DV, D_ROPE=MLA.rope_dim, BLOCK_N=c.block_n, PAGE_SIZE=p.page_size,
+            QK_FP8=p.precision is Precision.A8W8, KV_FP8=p.precision is not Precision.BF16,
+            PV_EXACT=self.pv_exact, TRANSPOSED=c.transposed,
+            num_warps=c.num_warps, num_stages=c.num_stages,
+        )  # fmt: skip
+        if self.n_tiles > 0 and self.part_o.shape[0] > 0:
+            block_dv = 128
+            self.K.reduce_kernel[(self.n_tiles, DV // block_dv)](
+                self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                self.out, self.lse, self.out.stride(0), self.out.stride(1),
+                H=H, DV=DV, BLOCK_DV=block_dv, num_warps=4,
+            )  # fmt: skip
+        return self.out, self.lse
+
+
+def triton_decode(prepared: PreparedInputs, plan: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode through the Triton kernels (see `TritonDecoder` for the keyword options)."""
+    return TritonDecoder(prepared, plan, **kw)()
+
+
+def naive_decode(prepared: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The readable version: fp64 reference attention on the dequantised codes (the kernel's target)."""
+    q, kv = prepared.dequantized()
+    return decode_reference(
+        q,
+        kv,
+        prepared.qo_indptr.cpu(),
+        prepared.kv_indptr.cpu(),
+        prepared.kv_indices.cpu(),
+        prepared.kv_last_page_len.cpu(),
+    )
+
+
+def main() -> None:
+    """Demo: a tiny ragged a8w8 decode in Triton's CPU interpreter (set TRITON_INTERPRET=1) or on a GPU."""
+    from ..config import DecodeCase
+    from ..inputs import make_inputs
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    case = DecodeCase(kv_lens=(37, 130, 64), seed=1)
+    prep = prepare(make_inputs(case).to(dev), "a8w8")
+    plan = simple_plan(case.kv_lens, case.q_len, num_cus=4, block=32)
+    out, lse = triton_decode(prep, plan, config=KernelConfig(block_n=32), out_dtype=torch.float32)
+    ref, ref_lse = naive_decode(prep)
+    err = float((out.cpu().double() - ref).norm() / ref.norm())
+    print(
+        f"a8w8 Triton vs dequantised fp64 reference: rel-L2 {err:.2e}, max |dLSE| {float((lse.cpu() - ref_lse).abs().max()):.2e}"
+    )
+
+
+if __name__ == "__main__":
+    main()
