@@ -57,7 +57,7 @@ class MLAConfig:
 MLA = MLAConfig()
 
 
-class InputDist(str, enum.Enum):
+class InputDist(enum.StrEnum):
     """Named input distributions for q and the KV buffer."""
 
     COMPETITION = "competition"  # randn * 0.02 in bf16 (the competition's generator)

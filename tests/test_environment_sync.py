@@ -1,0 +1,75 @@
+"""environment.yml (conda) must list exactly the packages pyproject.toml declares (core + every extra)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_TO_PYPI = {"pytorch": "torch"}
+CONDA_ONLY = {"python", "pip"}
+
+
+def _conda_name(spec: str) -> str:
+    spec = spec.split("::")[-1]
+    return canonicalize_name(re.split(r"[\s=<>!~\[,]", spec, maxsplit=1)[0])
+
+
+def _env() -> dict:
+    return yaml.safe_load((ROOT / "environment.yml").read_text())
+
+
+def _pyproject_names() -> set[str]:
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(proj["dependencies"]) + [r for extra in proj["optional-dependencies"].values() for r in extra]
+    return {canonicalize_name(Requirement(r).name) for r in reqs}
+
+
+def _env_names() -> set[str]:
+    names: set[str] = set()
+    for dep in _env()["dependencies"]:
+        if isinstance(dep, dict):
+            names |= {canonicalize_name(Requirement(p).name) for p in dep.get("pip", []) if not p.startswith("-")}
+        else:
+            n = _conda_name(dep)
+            if n not in CONDA_ONLY:
+                names.add(CONDA_TO_PYPI.get(n, n))
+    return names
+
+
+def test_environment_yml_is_well_formed() -> None:
+    env = _env()
+    assert env["name"] == "mlalab"
+    assert env["channels"] == ["conda-forge"]
+    assert any(isinstance(d, str) and d.startswith("python") for d in env["dependencies"])
+    pip_sections = [d for d in env["dependencies"] if isinstance(d, dict)]
+    assert len(pip_sections) == 1 and "-e ." in pip_sections[0]["pip"]
+
+
+def test_environment_yml_matches_pyproject() -> None:
+    py, conda = _pyproject_names(), _env_names()
+    assert py - conda == set(), f"missing from environment.yml: {sorted(py - conda)}"
+    assert conda - py == set(), f"in environment.yml but not pyproject.toml: {sorted(conda - py)}"
+
+
+def test_version_bounds_agree() -> None:
+    """Where both files pin a lower bound, they must agree (a drift in either is a bug)."""
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(proj["dependencies"]) + [r for extra in proj["optional-dependencies"].values() for r in extra]
+    py_spec = {canonicalize_name(Requirement(r).name): str(Requirement(r).specifier) for r in reqs}
+    for dep in _env()["dependencies"]:
+        if not isinstance(dep, str):
+            continue
+        n = CONDA_TO_PYPI.get(_conda_name(dep), _conda_name(dep))
+        if n in py_spec:
+            conda_spec = dep[len(re.split(r"[\s=<>!~\[,]", dep, maxsplit=1)[0]) :].strip()
+            assert set(conda_spec.split(",")) == set(py_spec[n].split(",")) or not conda_spec, (
+                n,
+                conda_spec,
+                py_spec[n],
+            )

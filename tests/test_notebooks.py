@@ -1,0 +1,54 @@
+"""Every notebook runs top to bottom headless (nbclient) within its time budget, and is stored without outputs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+BUDGET_S = 120  # per notebook on the 2-core CI machine
+
+
+def test_there_are_notebooks() -> None:
+    assert any(p.name.startswith("01_") for p in NOTEBOOKS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_stored_without_outputs(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    dirty = [
+        i
+        for i, c in enumerate(nb["cells"])
+        if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))
+    ]
+    assert not dirty, f"{path.name}: cells {dirty} carry outputs; clear them before committing"
+    assert "widgets" not in nb.get("metadata", {}), f"{path.name}: saved widget state (several MB) must be stripped"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_starts_by_saying_what_it_answers(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# ")
+    assert "answers" in first.source.lower() and "how to use" in first.source.lower()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_executes_headless(path: Path, tmp_path: Path) -> None:
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    t0 = time.perf_counter()
+    NotebookClient(
+        nb, timeout=BUDGET_S, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+    elapsed = time.perf_counter() - t0
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    assert elapsed < BUDGET_S, f"{path.name} took {elapsed:.0f} s (budget {BUDGET_S} s)"
