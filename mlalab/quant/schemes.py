@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 
@@ -301,8 +301,8 @@ class NvFp4Scheme:
         return nvfp4_fake_quant(_check_x(x))
 
 
-QScheme = Union[Bf16Scheme, Fp8Scheme]
-KVScheme = Union[Bf16Scheme, Fp8Scheme, FlashMLAV32Scheme, MxFp4Scheme, NvFp4Scheme]
+QScheme = Bf16Scheme | Fp8Scheme
+KVScheme = Bf16Scheme | Fp8Scheme | FlashMLAV32Scheme | MxFp4Scheme | NvFp4Scheme
 
 Q_SCHEMES: tuple[str, ...] = (
     "bf16",

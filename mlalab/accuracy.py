@@ -1,0 +1,310 @@
+"""Accuracy of quantized MLA decode against the exact fp64 reference: one metrics record per configuration,
+and grids of them as pandas DataFrames.
+
+Method (research/quantization.md §3): the reference is `decode_reference` (fp64) on the original bf16 inputs.
+A variant fake-quantizes Q and KV with the named schemes, runs the same fp64 decode on the dequantized values
+and rounds its output to bf16, as every kernel returns bf16. So the "bf16" variant measures output rounding
+alone (~0.16 % rel-L2), and everything else measures quantization plus that rounding.
+
+Two trivial baselines sit in every record: an all-zeros output, and mean(V) (the mean of each request's
+values, ignoring q). If they pass a tolerance, that tolerance cannot see errors at this input scale.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from . import __version__
+from .config import DecodeCase
+from .inputs import DecodeInputs, make_inputs
+from .quant import get_fp8_format, get_kv_scheme, get_q_scheme
+from .reference import decode_reference
+
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "Prepared",
+    "prepare",
+    "evaluate",
+    "evaluate_prepared",
+    "output_metrics",
+    "mismatch_fraction",
+    "mismatch_key",
+    "sweep",
+    "save_table",
+]
+
+# (rtol, atol): the competition's bf16 check, its fp8 a8w8 check, and its fp8 / mxfp4 tolerances.
+DEFAULT_TOLERANCES: tuple[tuple[float, float], ...] = ((2e-2, 8e-3), (1e-2, 1e-2), (5e-2, 1e-2), (1e-1, 5e-2))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A case's inputs in token layout plus its fp64 reference, computed once and shared by many variants."""
+
+    case: DecodeCase
+    inputs: DecodeInputs
+    kv: torch.Tensor  # (total_kv, 1, 576) bf16, request order
+    kv_indptr: torch.Tensor  # token indptr
+    ref_out: torch.Tensor  # (total_q, 16, 512) fp64
+    ref_lse: torch.Tensor  # (total_q, 16) fp64
+    mean_v: torch.Tensor  # (total_q, 16, 512) fp64: the mean(V) baseline, rounded to bf16
+
+
+def prepare(case: DecodeCase) -> Prepared:
+    """Draw the inputs of `case` and run the fp64 reference once."""
+    if not isinstance(case, DecodeCase):
+        raise TypeError(f"case must be a DecodeCase, got {type(case).__name__}")
+    x = make_inputs(case)
+    kv, indptr = x.token_kv()
+    out, lse = decode_reference(x.q, kv, x.qo_indptr, indptr)
+    dv = case.config.v_dim
+    mv = torch.zeros_like(out)
+    for b in range(case.batch):
+        k0, k1 = int(indptr[b]), int(indptr[b + 1])
+        q0, q1 = int(x.qo_indptr[b]), int(x.qo_indptr[b + 1])
+        if k1 > k0:
+            mv[q0:q1] = kv[k0:k1, 0, :dv].double().mean(0)
+    mv = mv.to(torch.bfloat16).double()
+    return Prepared(case, x, kv, indptr, out, lse, mv)
+
+
+def mismatch_key(rtol: float, atol: float, prefix: str = "") -> str:
+    return f"{prefix}mismatch@{rtol:g},{atol:g}"
+
+
+def mismatch_fraction(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> float:
+    """Fraction of elements with |out - ref| > atol + rtol |ref| (torch.allclose's rule); NaN counts as a mismatch."""
+    if out.shape != ref.shape:
+        raise ValueError(f"out shape {tuple(out.shape)} != ref shape {tuple(ref.shape)}")
+    if not (rtol >= 0 and atol >= 0):
+        raise ValueError(f"rtol and atol must be >= 0, got {rtol}, {atol}")
+    err = (out.double() - ref.double()).abs()
+    ok = err <= atol + rtol * ref.double().abs()  # NaN compares False
+    return 1.0 - float(ok.double().mean()) if ok.numel() else 0.0
+
+
+def _check_tolerances(tolerances: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    tols = tuple((float(r), float(a)) for r, a in tolerances)
+    if not tols:
+        raise ValueError("tolerances must name at least one (rtol, atol) pair")
+    for r, a in tols:
+        if not (r >= 0 and a >= 0 and math.isfinite(r) and math.isfinite(a)):
+            raise ValueError(f"tolerances must be finite non-negative (rtol, atol) pairs, got {(r, a)}")
+    return tols
+
+
+def output_metrics(
+    out: torch.Tensor, ref: torch.Tensor, tolerances: Iterable[tuple[float, float]] = DEFAULT_TOLERANCES
+) -> dict[str, float]:
+    """rel-L2, SQNR (dB), max-abs, max-abs / ref RMS, cosine (global, worst row), NaN count, mismatch fractions."""
+    tols = _check_tolerances(tolerances)
+    o, r = out.double(), ref.double()
+    if o.shape != r.shape:
+        raise ValueError(f"out shape {tuple(o.shape)} != ref shape {tuple(r.shape)}")
+    nonfinite = int((~torch.isfinite(o)).sum())
+    err = o - r
+    ref_norm = float(r.norm())
+    rel = float(err.norm()) / ref_norm if ref_norm > 0 else math.nan
+    rows_o, rows_r = o.reshape(-1, o.shape[-1]), r.reshape(-1, r.shape[-1])
+    den = rows_o.norm(dim=-1) * rows_r.norm(dim=-1)
+    row_cos = (rows_o * rows_r).sum(-1) / den
+    ref_rms = float(r.pow(2).mean().sqrt())
+    max_abs = float(err.abs().max()) if nonfinite == 0 else math.nan
+    m: dict[str, float] = {
+        "rel_l2": rel,
+        "sqnr_db": (-20 * math.log10(rel) if rel > 0 else math.inf) if math.isfinite(rel) else math.nan,
+        "max_abs": max_abs,
+        "max_abs_over_ref_rms": max_abs / ref_rms if ref_rms > 0 else math.nan,
+        "cosine": float((o * r).sum() / (o.norm() * r.norm())) if float(o.norm()) > 0 else math.nan,
+        "worst_row_cosine": float(row_cos.min()) if bool(torch.isfinite(row_cos).all()) else math.nan,
+        "nan_count": float(nonfinite),
+    }
+    for rt, at in tols:
+        m[mismatch_key(rt, at)] = mismatch_fraction(o, r, rt, at)
+    return m
+
+
+def _fake_quant_kv(p: Prepared, kv_scheme: str, fp8_format: str) -> torch.Tensor:
+    return get_kv_scheme(kv_scheme, fp8_format).fake_quant(p.kv)
+
+
+def evaluate_prepared(
+    p: Prepared,
+    q_scheme: str = "bf16",
+    kv_scheme: str = "bf16",
+    fp8_format: str = "e4m3fn",
+    *,
+    tolerances: Iterable[tuple[float, float]] = DEFAULT_TOLERANCES,
+    kv_deq: torch.Tensor | None = None,
+    q_deq: torch.Tensor | None = None,
+    return_tensors: bool = False,
+) -> dict[str, Any]:
+    """`evaluate` on a prepared case; `kv_deq` / `q_deq` let a sweep reuse fake-quantized tensors."""
+    tols = _check_tolerances(tolerances)
+    fmt = get_fp8_format(fp8_format)
+    qs, ks = get_q_scheme(q_scheme, fmt.name), get_kv_scheme(kv_scheme, fmt.name)
+    x = p.inputs
+    qd = qs.fake_quant(x.q) if q_deq is None else q_deq
+    kd = ks.fake_quant(p.kv) if kv_deq is None else kv_deq
+    out, lse = decode_reference(qd, kd, x.qo_indptr, p.kv_indptr, allow_nonfinite=True)
+    out_bf16 = out.to(torch.bfloat16).double()  # kernels return bf16
+    case = p.case
+    rec: dict[str, Any] = {
+        "case": case.short_str(),
+        "batch": case.batch,
+        "kv_len": case.kv_lens[0] if len(set(case.kv_lens)) == 1 else -1,
+        "kv_lens": ",".join(map(str, case.kv_lens)) if len(set(case.kv_lens)) > 1 else str(case.kv_lens[0]),
+        "q_len": case.q_len,
+        "seed": case.seed,
+        "dist": case.dist.value,
+        "std": case.std,
+        "q_scheme": qs.name,
+        "kv_scheme": ks.name,
+        "fp8_format": fmt.name,
+        "q_overflow_rule": getattr(qs, "overflow", "none"),
+        "kv_bytes_per_token": ks.bytes_per_token,
+        "ref_rms": float(p.ref_out.pow(2).mean().sqrt()),
+        "ref_max_abs": float(p.ref_out.abs().max()),
+    }
+    rec.update(output_metrics(out_bf16, p.ref_out, tols))
+    lse_err = (lse - p.ref_lse).abs()
+    rec["lse_max_abs_err"] = float(lse_err.max()) if bool(torch.isfinite(lse_err).all()) else math.nan
+    stats = qs.range_stats(x.q)
+    rec["q_subnormal_frac"] = stats["subnormal_frac"]
+    rec["q_overflow_frac"] = stats["overflow_frac"]
+    qf = x.q.float().abs()
+    rec["q_direct_subnormal_frac"] = float(((qf > 0) & (qf < fmt.min_normal)).double().mean())
+    rec["q_direct_overflow_frac"] = float((qf > fmt.max).double().mean())
+    zeros = torch.zeros_like(p.ref_out)
+    for rt, at in tols:
+        rec[mismatch_key(rt, at, "zeros_")] = mismatch_fraction(zeros, p.ref_out, rt, at)
+        rec[mismatch_key(rt, at, "meanv_")] = mismatch_fraction(p.mean_v, p.ref_out, rt, at)
+    rec["meanv_rel_l2"] = float((p.mean_v - p.ref_out).norm() / p.ref_out.norm())
+    rec["mlalab_version"] = __version__
+    rec["torch_version"] = torch.__version__
+    if return_tensors:
+        rec["_tensors"] = {"out": out_bf16, "ref": p.ref_out, "q_deq": qd, "kv_deq": kd}
+    return rec
+
+
+def evaluate(
+    case: DecodeCase,
+    q_scheme: str = "bf16",
+    kv_scheme: str = "bf16",
+    fp8_format: str = "e4m3fn",
+    *,
+    tolerances: Iterable[tuple[float, float]] = DEFAULT_TOLERANCES,
+) -> dict[str, Any]:
+    """Metrics record of one configuration (see the module docstring for the method).
+
+    Keys: the configuration (case fields, schemes, format, KV bytes per token), rel_l2, sqnr_db, max_abs,
+    max_abs_over_ref_rms, cosine, worst_row_cosine, lse_max_abs_err, nan_count, q_subnormal_frac,
+    q_overflow_frac (of the scaled q under the Q scheme; NaN for bf16), q_direct_* (the same at scale 1),
+    ``mismatch@rtol,atol`` for each tolerance and the ``zeros_`` / ``meanv_`` baselines at the same tolerances.
+    """
+    return evaluate_prepared(prepare(case), q_scheme, kv_scheme, fp8_format, tolerances=tolerances)
+
+
+def _names(names: str | Sequence[str], kind: str) -> tuple[str, ...]:
+    if isinstance(names, str):
+        names = (names,)
+    out = tuple(names)
+    if not out:
+        raise ValueError(f"{kind} must name at least one entry")
+    return out
+
+
+def sweep(
+    cases: DecodeCase | Sequence[DecodeCase],
+    q_schemes: str | Sequence[str] = ("bf16",),
+    kv_schemes: str | Sequence[str] = ("bf16",),
+    fp8_formats: str | Sequence[str] = ("e4m3fn",),
+    *,
+    tolerances: Iterable[tuple[float, float]] = DEFAULT_TOLERANCES,
+    progress: bool | None = None,
+) -> pd.DataFrame:
+    """Every (case × fp8 format × Q scheme × KV scheme) as one row. The reference runs once per case and each
+    fake-quantized tensor once per (format, scheme). `progress` None shows a bar for grids over 8 rows."""
+    cs = (cases,) if isinstance(cases, DecodeCase) else tuple(cases)
+    if not cs or not all(isinstance(c, DecodeCase) for c in cs):
+        raise TypeError("cases must be a DecodeCase or a non-empty sequence of them")
+    qn, kn, fn = _names(q_schemes, "q_schemes"), _names(kv_schemes, "kv_schemes"), _names(fp8_formats, "fp8_formats")
+    for f in fn:  # validate every name before any work
+        get_fp8_format(f)
+        for n in qn:
+            get_q_scheme(n, f)
+        for n in kn:
+            get_kv_scheme(n, f)
+    tols = _check_tolerances(tolerances)
+    total = len(cs) * len(fn) * len(qn) * len(kn)
+    bar = None
+    if progress or (progress is None and total > 8):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="accuracy sweep", leave=False)
+    rows = []
+    try:
+        for c in cs:
+            p = prepare(c)
+            for f in fn:
+                qd = {n: get_q_scheme(n, f).fake_quant(p.inputs.q) for n in qn}
+                for k in kn:
+                    kd = _fake_quant_kv(p, k, f)
+                    for n in qn:
+                        rows.append(evaluate_prepared(p, n, k, f, tolerances=tols, kv_deq=kd, q_deq=qd[n]))
+                        if bar is not None:
+                            bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return pd.DataFrame(rows)
+
+
+def save_table(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
+    """Write `df` to CSV or Parquet (by suffix) atomically: a temporary file in the same folder, then rename."""
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"df must be a pandas DataFrame, got {type(df).__name__}")
+    p = Path(path)
+    if p.suffix not in (".csv", ".parquet"):
+        raise ValueError(f"path must end in .csv or .parquet, got {p.name!r}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    os.close(fd)
+    try:
+        if p.suffix == ".csv":
+            df.to_csv(tmp, index=False)
+        else:
+            try:
+                df.to_parquet(tmp, index=False)
+            except ImportError as e:
+                raise ValueError(f"writing Parquet needs pyarrow ({e}); use a .csv path") from None
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return p
+
+
+def main() -> None:
+    """Demo: the three headline numbers at batch 4, kv_len 1024, competition distribution."""
+    case = DecodeCase.uniform(4, 1024)
+    p = prepare(case)
+    for q, kv in (("bf16", "bf16"), ("fp8-tensor", "fp8-tensor"), ("bf16", "mxfp4-aiter")):
+        r = evaluate_prepared(p, q, kv)
+        print(
+            f"Q {q:<11} KV {kv:<12} rel-L2 {r['rel_l2']:.4%}  SQNR {r['sqnr_db']:.1f} dB  "
+            f"zeros mismatch@2e-2,8e-3 {r['zeros_mismatch@0.02,0.008']:.3g}"
+        )
+
+
+if __name__ == "__main__":
+    main()
