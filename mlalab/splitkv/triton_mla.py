@@ -24,6 +24,7 @@ import torch
 
 from ..config import MLA
 from ..inputs import DecodeInputs
+from ..quant import fp8_dtype, quantize_fp8_per_tensor
 from ..reference import decode_reference
 
 __all__ = [
@@ -39,11 +40,6 @@ __all__ = [
     "naive_decode",
     "main",
 ]
-
-_FP8_DTYPES = {
-    "e4m3fn": getattr(torch, "float8_e4m3fn", None),
-    "e4m3fnuz": getattr(torch, "float8_e4m3fnuz", None),
-}
 
 
 class Precision(str, enum.Enum):
@@ -61,37 +57,6 @@ class Precision(str, enum.Enum):
             return cls(str(x).lower())
         except ValueError:
             raise ValueError(f"unknown precision {x!r}; supported: {', '.join(p.value for p in cls)}") from None
-
-
-def fp8_torch_dtype(fp8_format: str) -> torch.dtype:
-    """The torch dtype of an fp8 flavour name (``e4m3fn`` on NVIDIA, ``e4m3fnuz`` on AMD MI300)."""
-    try:
-        from ..quant import fp8_dtype  # the one place the flavours live, once it exists
-
-        return fp8_dtype(fp8_format)
-    except ImportError:
-        pass
-    dt = _FP8_DTYPES.get(fp8_format)
-    if dt is None:
-        raise ValueError(f"unknown fp8 format {fp8_format!r}; supported: e4m3fn, e4m3fnuz")
-    return dt
-
-
-def _quantize_per_tensor(x: torch.Tensor, fp8_format: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor amax quantisation (codes, float32 scale of shape (1,)); mlalab.quant's when available."""
-    try:
-        from ..quant import quantize_fp8_per_tensor
-
-        return quantize_fp8_per_tensor(x, fp8_format)
-    except ImportError:
-        pass
-    dt = fp8_torch_dtype(fp8_format)
-    fmax = float(torch.finfo(dt).max)
-    amax = x.abs().amax().float().clamp_min(1e-12)
-    scale = (amax / fmax).reshape(1)
-    # Clamp explicitly: torch's fp8 casts do not saturate consistently across versions (research/quantization.md).
-    codes = (x.float() / scale).clamp(-fmax, fmax).to(dt)
-    return codes, scale.to(torch.float32)
 
 
 @dataclass(frozen=True)
@@ -127,7 +92,7 @@ def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_forma
         raise TypeError(f"inputs must be a DecodeInputs, got {type(inputs).__name__}")
     prec = Precision.parse(precision)
     if prec is not Precision.BF16:
-        fp8_torch_dtype(fp8_format)  # validates the flavour name
+        fp8_dtype(fp8_format)  # validates the flavour name
     q, kv = inputs.q, inputs.kv_buffer
     if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
         raise TypeError(f"prepare expects bf16 q and kv_buffer (as make_inputs builds them), got {q.dtype}, {kv.dtype}")
@@ -136,11 +101,11 @@ def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_forma
     if prec is Precision.BF16:
         qk, qs, kvk, ks = q, one, kv_rows, one
     elif prec is Precision.A16W8:
-        kvk, ks = _quantize_per_tensor(kv_rows, fp8_format)
+        kvk, ks = quantize_fp8_per_tensor(kv_rows, fp8_format)
         qk, qs = q, one
     else:
-        kvk, ks = _quantize_per_tensor(kv_rows, fp8_format)
-        qk, qs = _quantize_per_tensor(q, fp8_format)
+        kvk, ks = quantize_fp8_per_tensor(kv_rows, fp8_format)
+        qk, qs = quantize_fp8_per_tensor(q, fp8_format)
     return PreparedInputs(
         q=qk.contiguous(),
         kv=kvk.contiguous(),
@@ -300,10 +265,10 @@ class TritonDecoder:
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
         if config.block_n < 16 or config.block_n & (config.block_n - 1):
             raise ValueError(f"block_n must be a power of two >= 16, got {config.block_n}")
+        check_plan(plan, prepared.batch, int(prepared.q.shape[0]))
         dev = prepared.q.device
         if dev.type == "cpu" and not K.INTERPRET:
             raise RuntimeError("the Triton backend needs a GPU (or TRITON_INTERPRET=1 for tiny CPU runs)")
-        check_plan(plan, prepared.batch, int(prepared.q.shape[0]))
         self.K = K
         self.p = prepared
         self.plan = plan.to(dev)
@@ -361,6 +326,7 @@ def naive_decode(prepared: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor]:
         prepared.kv_indptr.cpu(),
         prepared.kv_indices.cpu(),
         prepared.kv_last_page_len.cpu(),
+        empty_policy="zeros",
     )
 
 

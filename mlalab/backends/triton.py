@@ -1,0 +1,86 @@
+"""Triton backend: the persistent split-KV kernels of `mlalab.splitkv.triton_decode` executing a WorkPlan.
+
+Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16), ``fp8_format`` (e4m3fn | e4m3fnuz),
+``planner`` (a name from `mlalab.splitkv.PLANNERS`, or "simple" for the even split of `triton_mla.simple_plan`),
+``num_cus`` (default: the GPU's SM count), ``plan`` (a ready WorkPlan), and the `KernelConfig` knobs
+``block_n``, ``num_warps``, ``num_stages``, ``transposed``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..inputs import DecodeInputs
+
+__all__ = ["probe", "decode", "make_callable", "build_plan"]
+
+
+def probe() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed (pip install triton)"
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return "no GPU (torch.cuda.is_available() is False); set TRITON_INTERPRET=1 for tiny CPU runs"
+
+
+def build_plan(inputs: DecodeInputs, planner: str = "simple", num_cus: int | None = None, **knobs: Any) -> Any:
+    """A WorkPlan for `inputs`: `mlalab.splitkv.make_plan(planner, ...)`, or the even split when planner="simple"."""
+    from ..splitkv.triton_mla import simple_plan
+
+    if num_cus is None:
+        num_cus = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 8
+    lens = [int(n) for n in inputs.kv_lens]
+    if planner == "simple":
+        starts = [int(v) * inputs.page_size for v in inputs.kv_indptr.cpu()[:-1]]
+        return simple_plan(lens, inputs.case.q_len, num_cus, kv_starts=starts, **knobs)
+    if inputs.page_size != 1:
+        raise ValueError("mlalab.splitkv planners emit page-size-1 positions; use planner='simple' for paged KV")
+    from .. import splitkv
+
+    if planner not in splitkv.PLANNERS:
+        raise ValueError(f"unknown planner {planner!r}; valid: simple, {', '.join(splitkv.PLANNERS)}")
+    return splitkv.make_plan(planner, inputs.qo_indptr.cpu(), inputs.kv_indptr.cpu(), num_cus, **knobs)
+
+
+def make_callable(
+    inputs: DecodeInputs,
+    *,
+    precision: str = "a8w8",
+    fp8_format: str = "e4m3fn",
+    planner: str = "simple",
+    num_cus: int | None = None,
+    plan: Any = None,
+    n_copies: int = 1,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    transposed: bool = False,
+    out_dtype: torch.dtype = torch.bfloat16,
+    pv_exact: bool = False,
+) -> tuple[Callable[[int], torch.Tensor], dict[str, Any]]:
+    """(call(i) -> output on KV copy i, info). Everything (quantisation, plan, buffers) is built here, once."""
+    from ..splitkv.triton_mla import KernelConfig, TritonDecoder, prepare
+
+    reason = probe()
+    if reason is not None:
+        raise RuntimeError(f"triton backend unavailable: {reason}")
+    prep = prepare(inputs, precision, fp8_format)
+    if plan is None:
+        plan = build_plan(inputs, planner, num_cus)
+    cfg = KernelConfig(block_n=block_n, num_warps=num_warps, num_stages=num_stages, transposed=transposed)
+    dec = TritonDecoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact)
+    copies = [prep.kv] + [prep.kv.clone() for _ in range(max(0, n_copies - 1))]
+    info = {"prepared": prep, "plan": plan, "decoder": dec, "kv_bytes": prep.kv.numel() * prep.kv.element_size()}
+    return (lambda i: dec(kv=copies[i % len(copies)])[0]), info
+
+
+def decode(inputs: DecodeInputs, **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    call, info = make_callable(inputs, **options)
+    out = call(0)
+    return out, info["decoder"].lse

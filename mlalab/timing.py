@@ -1,0 +1,327 @@
+"""GPU timing of MLA decode backends: CUDA-graph replay over KV copies rotated past the L2, copy bandwidth
+measured in the same run, error against the exact and the emulated-quantised references, CSV records.
+
+Method (one shape, one backend): build the backend's callable once (quantisation, plan, buffers, JIT outside
+the timing), run it `warmup` times, capture ``calls_per_graph`` calls into one CUDA graph with call ``i`` reading
+KV copy ``i mod n_copies`` (enough copies that the rotation spans > 4x the 60 MB L2, at most 16 / 1 GB), replay
+the graph ``replays`` times between CUDA events and report the median and IQR of (replay time / calls). Bytes
+counted once: KV bytes (576 B/token fp8, 1152 bf16) + q + bf16 output; TB/s = bytes / median time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .config import MLA, DecodeCase
+from .inputs import make_inputs
+
+__all__ = [
+    "COMPETITION_SHAPES",
+    "SUITES",
+    "TimingRecord",
+    "gpu_info",
+    "copy_bandwidth",
+    "time_callable",
+    "rel_l2",
+    "bench_one",
+    "run_suite",
+    "CSV_COLUMNS",
+    "main",
+]
+
+COMPETITION_SHAPES = [(b, L) for b in (4, 8, 16, 32, 64, 128) for L in (1024, 8192)]
+SUITES = {"competition": COMPETITION_SHAPES, "smoke": [(4, 1024), (128, 8192)]}
+L2_BYTES = 60 * 1024 * 1024
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPU name, SM count, driver and library versions (raises RuntimeError without a GPU)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("timing needs a GPU: torch.cuda.is_available() is False (use the recorded data/timings)")
+    p = torch.cuda.get_device_properties(0)
+    try:
+        import triton
+
+        tv = triton.__version__
+    except ImportError:
+        tv = "n/a"
+    drv = "n/a"
+    try:
+        import subprocess
+
+        drv = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
+    except Exception:
+        pass
+    return {
+        "gpu": p.name,
+        "sm_count": p.multi_processor_count,
+        "driver": drv,
+        "torch": torch.__version__,
+        "triton": tv,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def _events_ms(fn: Any, reps: int) -> list[float]:
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return ts
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> float:
+    """Device-to-device copy bandwidth in TB/s, counting bytes read + written."""
+    if nbytes < 1 << 20:
+        raise ValueError(f"nbytes must be >= 1 MiB, got {nbytes}")
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ms = statistics.median(_events_ms(lambda: dst.copy_(src), reps))
+    return 2 * src.numel() / (ms * 1e-3) / 1e12
+
+
+def time_callable(call: Any, n_copies: int, *, calls_per_graph: int = 20, replays: int = 10, warmup: int = 3) -> dict:
+    """Median / IQR of one call's time (µs) from CUDA-graph replays of `calls_per_graph` rotated calls."""
+    if calls_per_graph < 1 or replays < 3:
+        raise ValueError("calls_per_graph must be >= 1 and replays >= 3")
+    for i in range(warmup):
+        call(i)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(2):
+            call(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls_per_graph):
+            call(i % n_copies)
+    g.replay()
+    torch.cuda.synchronize()
+    us = [t * 1e3 / calls_per_graph for t in _events_ms(g.replay, replays)]
+    q = statistics.quantiles(us, n=4)
+    return {"us_median": statistics.median(us), "us_iqr": q[2] - q[0], "replays": replays, "calls": calls_per_graph}
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    d = (x.double() - ref.double()).norm()
+    n = ref.double().norm()
+    return float(d / n) if float(n) > 0 else float(d)
+
+
+CSV_COLUMNS = [
+    "date", "gpu", "sm_count", "driver", "torch", "triton", "backend", "planner", "precision", "config",
+    "batch", "kv_len", "us_median", "us_iqr", "bytes", "tbps", "copy_tbps", "pct_copy", "floor_us",
+    "err_vs_exact", "err_quant_emulated", "err_vs_emulated", "status",
+]  # fmt: skip
+
+
+@dataclass
+class TimingRecord:
+    backend: str
+    planner: str
+    precision: str
+    config: str
+    batch: int
+    kv_len: int
+    us_median: float = math.nan
+    us_iqr: float = math.nan
+    bytes: int = 0
+    tbps: float = math.nan
+    copy_tbps: float = math.nan
+    pct_copy: float = math.nan
+    floor_us: float = math.nan
+    err_vs_exact: float = math.nan
+    err_quant_emulated: float = math.nan
+    err_vs_emulated: float = math.nan
+    status: str = "ok"
+    env: dict = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        d = asdict(self)
+        env = d.pop("env")
+        d.update({k: env.get(k, "") for k in ("date", "gpu", "sm_count", "driver", "torch", "triton")})
+        return {k: d[k] for k in CSV_COLUMNS}
+
+
+def _bytes(batch: int, kv_len: int, kv_itemsize: int, q_itemsize: int) -> int:
+    H, D, Dv = MLA.num_heads, MLA.qk_dim, MLA.v_dim
+    return batch * kv_len * D * kv_itemsize + batch * H * D * q_itemsize + batch * H * Dv * 2
+
+
+def _kv_itemsize(precision: str) -> int:
+    return 2 if precision == "bf16" else 1
+
+
+def _q_itemsize(precision: str) -> int:
+    return 1 if precision == "a8w8" else 2
+
+
+def _refs(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact fp32 reference on the bf16 inputs, fp32 reference on the dequantised inputs of `precision`)."""
+    from .reference import decode_reference
+    from .splitkv.triton_mla import prepare
+
+    if "exact" not in cache:
+        cache["exact"] = decode_reference(x.q, x.kv_buffer, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len)[
+            0
+        ]
+    if precision not in cache:
+        p = prepare(x, precision)
+        q = p.q.float() * p.q_scale
+        kv = (p.kv.float() * p.kv_scale).view(x.kv_buffer.shape)
+        cache[precision] = decode_reference(q, kv, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len)[0]
+    return cache["exact"], cache[precision]
+
+
+def bench_one(
+    backend: str, x: Any, precision: str, *, planner: str = "-", copy_tbps: float, env: dict, refs: dict,
+    calls_per_graph: int = 20, replays: int = 10, **opts: Any,
+) -> TimingRecord:  # fmt: skip
+    """Time one backend on one prepared input set; failures are recorded in `status`, never raised."""
+    from .backends import get_backend
+
+    B, L = x.batch, int(x.kv_lens[0])
+    cfg = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+    rec = TimingRecord(backend, planner, precision, cfg, B, L, copy_tbps=copy_tbps, env=env)
+    nbytes = _bytes(B, L, _kv_itemsize(precision), _q_itemsize(precision))
+    rec.bytes = nbytes
+    rec.floor_us = nbytes / (copy_tbps * 1e12) * 1e6
+    kv_bytes = B * L * MLA.qk_dim * _kv_itemsize(precision)
+    n_copies = int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
+    try:
+        mod = get_backend("triton" if backend == "triton" else backend)
+        kw = dict(opts)
+        if backend == "triton":
+            kw["planner"] = planner
+        call, _info = mod.make_callable(x, precision=precision, n_copies=n_copies, **kw)
+        out = call(0).float()
+        torch.cuda.synchronize()
+        exact, emul = _refs(x, precision, refs)
+        rec.err_vs_exact = rel_l2(out, exact)
+        rec.err_quant_emulated = rel_l2(emul.to(torch.bfloat16), exact)
+        rec.err_vs_emulated = rel_l2(out, emul)
+        t = time_callable(call, n_copies, calls_per_graph=calls_per_graph, replays=replays)
+        rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
+        rec.tbps = nbytes / (rec.us_median * 1e-6) / 1e12
+        rec.pct_copy = 100.0 * rec.tbps / copy_tbps
+    except Exception as e:  # record and continue: one failing peer must not lose the whole run
+        rec.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return rec
+
+
+def reference_torch_callable(x: Any, n_copies: int) -> Any:
+    """What a user would write: batched bf16 matmuls over a (B, L, 576) cache, fp32 softmax."""
+    B, L = x.batch, int(x.kv_lens[0])
+    kv = x.kv_buffer.view(B, L, MLA.qk_dim)
+    copies = [kv] + [kv.clone() for _ in range(n_copies - 1)]
+    q = x.q.view(B, MLA.num_heads, MLA.qk_dim)
+
+    def call(i: int) -> torch.Tensor:
+        k = copies[i % len(copies)]
+        s = torch.bmm(q, k.transpose(1, 2)).float() * MLA.sm_scale
+        p = torch.softmax(s, -1).to(torch.bfloat16)
+        return torch.bmm(p, k[..., : MLA.v_dim])
+
+    return call
+
+
+def run_suite(
+    suite: str = "competition",
+    backends: tuple[str, ...] = ("triton", "flashmla", "flashinfer", "reference-torch"),
+    precisions: tuple[str, ...] = ("a8w8", "a16w8", "bf16"),
+    planners: tuple[str, ...] = ("simple",),
+    triton_configs: tuple[dict, ...] = ({},),
+    shapes: list[tuple[int, int]] | None = None,
+    calls_per_graph: int = 20,
+    replays: int = 10,
+    log: Any = print,
+) -> list[TimingRecord]:
+    """Time every backend x precision (x planner x kernel config for triton) on every shape of `suite`."""
+    if suite not in SUITES and shapes is None:
+        raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    env = gpu_info()
+    bw = copy_bandwidth()
+    log(f"# {env}  copy {bw:.3f} TB/s")
+    peers_prec = {"flashmla": ("bf16", "a8w8"), "flashinfer": ("bf16", "a16w8"), "reference-torch": ("bf16",)}
+    recs: list[TimingRecord] = []
+    for B, L in shapes or SUITES[suite]:
+        x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
+        refs: dict = {}
+        for be in backends:
+            for prec in precisions:
+                if be != "triton" and prec not in peers_prec.get(be, ()):
+                    continue
+                combos = [(pl, c) for pl in planners for c in triton_configs] if be == "triton" else [("-", {})]
+                for pl, c in combos:
+                    if be == "reference-torch":
+                        rec = _bench_reference_torch(x, bw, env, refs, calls_per_graph, replays)
+                    else:
+                        rec = bench_one(be, x, prec, planner=pl, copy_tbps=bw, env=env, refs=refs,
+                                        calls_per_graph=calls_per_graph, replays=replays, **c)  # fmt: skip
+                    recs.append(rec)
+                    log(f"{be:16s} {pl:10s} {prec:6s} {rec.config:40s} B={B:4d} L={L:5d} {rec.us_median:9.2f} us "
+                        f"{rec.tbps:5.2f} TB/s {rec.pct_copy:5.1f}% err {rec.err_vs_exact:.2e} "
+                        f"(quant {rec.err_quant_emulated:.2e}, vs emul {rec.err_vs_emulated:.2e}) {rec.status}")  # fmt: skip
+        del x, refs
+        torch.cuda.empty_cache()
+    return recs
+
+
+def _bench_reference_torch(x: Any, bw: float, env: dict, refs: dict, cpg: int, reps: int) -> TimingRecord:
+    B, L = x.batch, int(x.kv_lens[0])
+    rec = TimingRecord("reference-torch", "-", "bf16", "bmm", B, L, copy_tbps=bw, env=env)
+    rec.bytes = _bytes(B, L, 2, 2)
+    rec.floor_us = rec.bytes / (bw * 1e12) * 1e6
+    try:
+        n = int(min(16, max(2, math.ceil(4 * L2_BYTES / (B * L * 1152)))))
+        call = reference_torch_callable(x, n)
+        exact, emul = _refs(x, "bf16", refs)
+        out = call(0).float()
+        rec.err_vs_exact, rec.err_quant_emulated = rel_l2(out, exact), rel_l2(emul.to(torch.bfloat16), exact)
+        rec.err_vs_emulated = rel_l2(out, emul)
+        t = time_callable(call, n, calls_per_graph=cpg, replays=reps)
+        rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
+        rec.tbps = rec.bytes / (rec.us_median * 1e-6) / 1e12
+        rec.pct_copy = 100 * rec.tbps / bw
+    except Exception as e:
+        rec.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return rec
+
+
+def write_csv(recs: list[TimingRecord], path: str) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in recs:
+            w.writerow(r.row())
+
+
+def main() -> None:
+    """Demo: the smoke suite on this GPU (or a clear message without one)."""
+    if not torch.cuda.is_available():
+        print("no GPU here: see data/timings/*.csv for the H200 measurements (python -m mlalab bench --recorded)")
+        return
+    run_suite("smoke")
+
+
+if __name__ == "__main__":
+    main()

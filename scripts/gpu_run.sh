@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run on the H200 device machine from the repo root: install the carried peer wheels, run the GPU tests, then the
+# benchmark suite. Results land under $OUT (pytest.log, bench.log, timings CSV). Usage: bash scripts/gpu_run.sh [configs-json]
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export FLASHINFER_CUDA_ARCH_LIST="9.0a" FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_triton_kernels.py 2>&1 | tee "$OUT/pytest.log"
+CONFIGS=${1:-'[{}]'}
+timeout ${BENCH_TIMEOUT:-380} python3 -m mlalab.commands.bench --suite "${SUITE:-competition}" --triton-configs "$CONFIGS" \
+  --planners "${PLANNERS:-simple}" --out "$OUT/timings.csv" 2>&1 | tee "$OUT/bench.log"
