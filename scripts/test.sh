@@ -18,6 +18,7 @@ if [ "${MLALAB_SKIP_UI:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1; the
 fi
 
 echo "[test] ruff" >&2
-"$bindir/ruff" check . && "$bindir/ruff" format --check . >/dev/null
+"$bindir/ruff" check .
+"$bindir/ruff" format --check .
 echo "[test] pytest" >&2
 exec "$py" -m pytest -q "$@"
