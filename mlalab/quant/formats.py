@@ -73,9 +73,7 @@ class Fp8Format:
 
     @property
     def nan_code(self) -> int:
-        if self.fnuz:
-            return 0x80
-        return 0x7F if self.ebits == 4 else 0x7F  # e4m3fn S.1111.111; e5m2 S.11111.11 (one of its NaNs)
+        return 0x80 if self.fnuz else 0x7F  # fnuz: the "-0" pattern; e4m3fn S.1111.111; e5m2 S.11111.11
 
     def __str__(self) -> str:
         return self.name
@@ -178,7 +176,7 @@ def encode_fp8_naive(value: float, fp8_format: str | Fp8Format, overflow: Overfl
         return f.nan_code
     neg = value < 0 or (value == 0 and math.copysign(1, value) < 0)
     a = abs(value)
-    sign_bit = 0 if f.fnuz else (0x80 if neg else 0)
+    sign_bit = 0x80 if neg else 0
     if overflow == "saturate":
         a = min(a, f.max)
     elif a > f.dtype_max:
@@ -186,7 +184,7 @@ def encode_fp8_naive(value: float, fp8_format: str | Fp8Format, overflow: Overfl
         if a > f.dtype_max + ulp / 2 or (a == f.dtype_max + ulp / 2 and round(f.dtype_max / ulp) % 2 == 1):
             if overflow == "inf":
                 return 0xFC if neg else 0x7C
-            return f.nan_code | sign_bit
+            return f.nan_code if f.fnuz else f.nan_code | sign_bit
         a = f.dtype_max
     table = [(v, c) for v, c in _code_table(f) if v >= 0]
     best = min(table, key=lambda vc: (abs(vc[0] - a), vc[1] & 1))  # nearest, then even mantissa

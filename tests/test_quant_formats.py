@@ -1,0 +1,136 @@
+"""Bit-exactness of the element codecs against ml_dtypes (independent oracle) and the naive code-table encoders."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlalab.quant import FP8_FORMATS, e2m1_decode, e2m1_encode, e8m0_to_float, encode_fp8, pack_e2m1, unpack_e2m1
+from mlalab.quant.formats import e2m1_encode_naive, encode_fp8_naive, fp8_code_value, get_fp8_format
+
+ML = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "e5m2": ml_dtypes.float8_e5m2}
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+
+
+@pytest.mark.parametrize("name", list(ML))
+def test_all_256_codes_decode_like_ml_dtypes_and_torch(name: str) -> None:
+    codes = np.arange(256, dtype=np.uint8)
+    ml = codes.view(ML[name]).astype(np.float64)
+    th = torch.from_numpy(codes.copy()).view(FP8_FORMATS[name].dtype).double().numpy()
+    for c in range(256):
+        spec = fp8_code_value(c, name)
+        assert _same(spec, float(ml[c])), (name, hex(c), spec, ml[c])
+        assert _same(spec, float(th[c])), (name, hex(c), spec, th[c])
+
+
+def _all_finite_values_and_midpoints(name: str) -> np.ndarray:
+    vals = sorted({fp8_code_value(c, name) for c in range(256)} - {math.nan})
+    vals = [v for v in vals if math.isfinite(v)]
+    mids = [(a + b) / 2 for a, b in zip(vals[:-1], vals[1:])]  # exact ties: RNE must pick the even code
+    nudged = [m * (1 + 1e-6) for m in mids] + [m * (1 - 1e-6) for m in mids]
+    return np.array(vals + mids + nudged, dtype=np.float32)
+
+
+@pytest.mark.parametrize("name", list(ML))
+def test_encode_in_range_matches_ml_dtypes_including_ties(name: str) -> None:
+    x = _all_finite_values_and_midpoints(name)
+    ours = encode_fp8(torch.from_numpy(x), name).view(torch.uint8).numpy()
+    ref = x.astype(ML[name]).view(np.uint8)
+    fnuz = FP8_FORMATS[name].fnuz
+    if fnuz:  # ml_dtypes and torch agree: no negative zero
+        pass
+    assert (ours == ref).all(), x[ours != ref][:10]
+
+
+@pytest.mark.parametrize("name", list(ML))
+def test_nonsaturating_overflow_matches_ml_dtypes(name: str) -> None:
+    f = FP8_FORMATS[name]
+    big = np.array([f.max * k for k in (1.01, 1.03, 1.0345, 1.04, 1.05, 1.07, 1.1, 2.0, 1e6)], dtype=np.float32)
+    big = np.concatenate([big, -big, np.array([np.inf, -np.inf, np.nan], np.float32)])
+    rule = "inf" if name == "e5m2" else "nan"
+    ours = encode_fp8(torch.from_numpy(big), name, rule).double().numpy()
+    ref = big.astype(ML[name]).astype(np.float64)
+    for a, b, x in zip(ours, ref, big):
+        assert _same(float(a), float(b)) or (math.isnan(a) and math.isnan(b)), (x, a, b)
+
+
+@pytest.mark.parametrize("name", list(FP8_FORMATS))
+def test_saturation_is_explicit(name: str) -> None:
+    f = FP8_FORMATS[name]
+    y = encode_fp8(torch.tensor([1e9, -1e9, math.inf, -math.inf]), name).float()
+    assert y.tolist() == [f.max, -f.max, f.max, -f.max]
+
+
+def test_fnuz_224_clamps_to_224_but_stores_fnuz() -> None:
+    f = get_fp8_format("e4m3fnuz-224")
+    assert f.dtype == torch.float8_e4m3fnuz and f.max == 224.0
+    assert encode_fp8(torch.tensor([230.0]), f).float().item() == 224.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=-600, max_value=600, allow_nan=False, width=32), st.sampled_from(list(ML)))
+def test_encode_matches_naive_code_table(v: float, name: str) -> None:
+    for rule in ("saturate", "inf" if name == "e5m2" else "nan"):
+        fast = int(encode_fp8(torch.tensor([v]), name, rule).view(torch.uint8).item())
+        assert fast == encode_fp8_naive(v, name, rule), (v, name, rule)
+
+
+def test_e2m1_encode_all_ties_and_ml_dtypes() -> None:
+    grid = np.concatenate([np.arange(-8, 8, 0.125), np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 1e9])])
+    x = grid.astype(np.float32)
+    ours = e2m1_encode(torch.from_numpy(x)).numpy()
+    ref = x.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0x0F
+    assert (ours == ref).all(), x[ours != ref]
+    assert [e2m1_encode_naive(float(v)) for v in x] == ours.tolist()
+    assert e2m1_decode(e2m1_encode(torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]))).tolist() == [
+        0.0,
+        1.0,
+        1.0,
+        2.0,
+        2.0,
+        4.0,
+        4.0,
+    ]
+
+
+def test_e2m1_random_matches_ml_dtypes() -> None:
+    x = (torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 3).numpy()
+    ours = e2m1_encode(torch.from_numpy(x)).numpy()
+    ref = x.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0x0F
+    assert (ours == ref).all()
+
+
+def test_e2m1_nan_raises() -> None:
+    with pytest.raises(ValueError, match="NaN"):
+        e2m1_encode(torch.tensor([1.0, math.nan]))
+
+
+def test_pack_low_nibble_is_even_index() -> None:
+    codes = torch.tensor([[1, 2, 3, 15]], dtype=torch.uint8)
+    packed = pack_e2m1(codes)
+    assert packed.tolist() == [[0x21, 0xF3]]
+    assert torch.equal(unpack_e2m1(packed), codes)
+    with pytest.raises(ValueError, match="even"):
+        pack_e2m1(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_e8m0_all_codes_match_ml_dtypes() -> None:
+    codes = np.arange(256, dtype=np.uint8)
+    ref = codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+    ours = e8m0_to_float(torch.from_numpy(codes)).double().numpy()
+    for c in range(256):
+        assert _same(float(ours[c]), float(ref[c])), (c, ours[c], ref[c])
+
+
+def test_unknown_format_lists_valid() -> None:
+    with pytest.raises(ValueError, match="e4m3fnuz-224"):
+        get_fp8_format("e4m3")
