@@ -651,6 +651,7 @@ def metadata_kwargs(
         "max_seqlen_qo": q_len,
         "uni_seqlen_qo": q_len,  # must be > 0 in intra-batch mode (v1.0 ignores qo_indptr)
         "fast_mode": settings.fast_mode,
+        "topk": -1,  # dense attention (no sparse top-k selection)
         "max_split_per_batch": settings.split_arg,
         "intra_batch_mode": settings.intra_batch_mode,
         "dtype_q": q_torch_dtype,
