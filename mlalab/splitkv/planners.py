@@ -99,6 +99,8 @@ def _prepare(
 ) -> _Batch:
     check_indptr("qo_indptr", qo_indptr)
     check_indptr("kv_indptr", kv_indptr, length=qo_indptr.numel())
+    if isinstance(target, str) and target.strip().lstrip("-").isdigit():
+        target = int(target)  # "-3" must say "CU count must be >= 1", not "unknown target"
     tgt = get_target(target)
     gran = _pos_int("kv_granularity", kv_granularity)
     if gran & (gran - 1):
