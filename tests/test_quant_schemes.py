@@ -76,7 +76,7 @@ def test_nvfp4_matches_torchao() -> None:
 
 
 def test_mx_scale_rules_hand_worked() -> None:
-    # block max 1.8: mantissa >= 1.75, so "even" rounds amax up to 2 -> X = 2**(1-2); floor -> 2**-2; rceil ceil(log2 .3)
+    # block max 1.8 has mantissa >= 1.75: "even" rounds amax up to 2 -> X = 2**-1; floor X = 2**-2; rceil 2**-1
     amax = torch.tensor([1.8, 1.7, 1.75, 1.5, 6.0, 0.0])
     assert mx_scale_exponent(amax, "even").tolist() == [-1, -2, -1, -2, 0, -127]
     assert mx_scale_exponent(amax, "floor").tolist() == [-2, -2, -2, -2, 0, -127]

@@ -41,7 +41,7 @@ _E2M1_EMAX = 2  # exponent of E2M1's largest normal (6 = 1.5 * 2**2)
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-class MxRule(str, enum.Enum):
+class MxRule(enum.Enum):
     """How an MX block's power-of-two scale is chosen from its amax."""
 
     FLOOR = "floor"  # OCP MX spec

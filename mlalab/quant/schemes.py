@@ -53,7 +53,7 @@ AMAX_FLOOR = 1e-12
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-class Granularity(str, enum.Enum):
+class Granularity(enum.Enum):
     DIRECT = "direct"  # scale 1: the seeds' q.to(fp8) shortcut
     TENSOR = "tensor"
     TOKEN = "token"
