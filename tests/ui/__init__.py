@@ -1,0 +1,1 @@
+"""Real-browser tests (chromium + Playwright); see conftest.py."""

@@ -1,0 +1,191 @@
+"""Each notebook in a real JupyterLab + chromium: open it, wait for the kernel, Run All Cells from the menu, fail on
+any error output or broken widget, then move a control and check the plotly figure in the page changed.
+
+Screenshots go to test-artifacts/ui/. One JupyterLab server per session (conftest.py), one test per notebook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from .conftest import ARTIFACTS, LabServer, PageProbe
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+RUN_BUDGET_MS = 150_000  # Run All in the browser: the headless 120 s budget plus rendering
+NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the visible notebook (a restored tab may hide behind it)
+
+# The status bar says "Idle" only once the kernel can really take Run All; waiting on the execution indicator
+# alone raced (jupyterlab/jupyterlab#15420: Run All then runs only cell 1).
+KERNEL_READY = """() => { const t = document.querySelector('#jp-main-statusbar')?.textContent ?? '';
+  return t.includes('Idle') && !['Connecting', 'Initializing', 'Starting', 'Restarting', 'Unknown']
+    .some(s => t.includes(s)); }"""
+
+# Code cells of the current notebook, from its model: execution count, error outputs, tracebacks on stderr.
+CELLS = """() => { const w = window.jupyterapp.shell.currentWidget; const m = w.content.model; const out = [];
+  for (let i = 0; i < m.cells.length; i++) { const c = m.cells.get(i); if (c.type !== 'code') continue;
+    const j = c.toJSON(); const o = j.outputs || [];
+    out.push({index: i, count: j.execution_count,
+      errors: o.filter(x => x.output_type === 'error').map(x => x.ename + ': ' + x.evalue),
+      tracebacks: o.filter(x => x.output_type === 'stream' && x.name === 'stderr'
+        && String(x.text).includes('Traceback')).map(x => String(x.text).slice(-400))}); }
+  return out; }"""
+
+RUN_DONE = f"""() => {{ const cells = ({CELLS})();
+  return cells.some(c => c.errors.length > 0) || cells.every(c => c.count !== null); }}"""
+
+# A fingerprint of every plotly figure's data in one output area (plotly keeps it on the graph div).
+FINGERPRINT = """(el) => JSON.stringify(Array.from(el.querySelectorAll('.js-plotly-plot')).map(
+  gd => (gd.data || []).map(t => [t.type, t.x, t.y, t.z, t.text, t.values])))"""
+
+
+@dataclass(frozen=True)
+class Move:
+    """How to move one control of a panel: a slider key press, or picking another dropdown option."""
+
+    kind: str  # "slider" | "dropdown"
+    index: int = 0  # which slider/dropdown in the panel's output (document order)
+    key: str = "ArrowRight"  # slider: key pressed on the handle
+    presses: int = 1
+    option: int | None = None  # dropdown: option index to pick (default: the next one)
+
+
+# Which control each notebook's test moves (name prefix -> moves, applied to the first panel with a figure).
+MOVES: dict[str, tuple[Move, ...]] = {
+    "01_": (Move("slider", key="ArrowLeft", presses=4),),
+    "02_": (Move("dropdown", index=0),),
+    "03_": (Move("slider", key="ArrowRight", presses=1),),
+}
+
+
+def _shot(pg: object, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)  # type: ignore[attr-defined]
+
+
+def _dismiss_toasts(pg: object) -> None:
+    """Close any notification toast that slipped through the settings (it covers the notebook's top-right)."""
+    for btn in pg.locator(".Toastify__toast button[aria-label='close'], .Toastify__close-button").all():  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            btn.click(timeout=1000)
+
+
+def _cells(pg: object) -> list[dict]:
+    return pg.evaluate(CELLS)  # type: ignore[attr-defined]
+
+
+def _assert_no_errors(pg: object, name: str, when: str) -> None:
+    cells = _cells(pg)
+    bad = [c for c in cells if c["errors"] or c["tracebacks"]]
+    assert not bad, f"{name}: error output {when}: " + json.dumps(bad, indent=1)[:3000]
+    broken = pg.locator(  # type: ignore[attr-defined]
+        f"{NOTEBOOK} .jp-OutputArea-output:has-text('Error displaying widget'), "
+        f"{NOTEBOOK} .jp-OutputArea-output:has-text('Failed to load model class')"
+    )
+    assert broken.count() == 0, f"{name}: a widget failed to render {when}: {broken.first.inner_text()[:500]}"
+
+
+def _run_all(pg: object, lab: LabServer, nb: Path) -> float:
+    pg.goto(lab.url(f"notebooks/{nb.name}"))  # type: ignore[attr-defined]
+    pg.wait_for_selector(f"{NOTEBOOK} .jp-Cell", timeout=60_000)  # type: ignore[attr-defined]
+    pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
+    _dismiss_toasts(pg)
+    t0 = time.perf_counter()
+    # As a user does it: Run menu -> Run All Cells.
+    pg.get_by_role("menuitem", name="Run", exact=True).click()  # type: ignore[attr-defined]
+    pg.get_by_role("menuitem", name="Run All Cells", exact=True).click()  # type: ignore[attr-defined]
+    pg.wait_for_function(RUN_DONE, timeout=RUN_BUDGET_MS, polling=250)  # type: ignore[attr-defined]
+    pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
+    return time.perf_counter() - t0
+
+
+def _panel_output(pg: object, name: str) -> object:
+    """The first output area holding both a control (slider/dropdown) and a plotly figure."""
+    loc = pg.locator(  # type: ignore[attr-defined]
+        f"{NOTEBOOK} .jp-OutputArea-output:has(.js-plotly-plot):has(.widget-slider, .widget-dropdown)"
+    ).first
+    loc.wait_for(timeout=30_000)
+    return loc
+
+
+def _move(pg: object, panel: object, mv: Move) -> str:
+    if mv.kind == "slider":
+        handle = panel.locator(".widget-slider .noUi-handle").nth(mv.index)  # type: ignore[attr-defined]
+        handle.scroll_into_view_if_needed()
+        handle.click()
+        for _ in range(mv.presses):
+            handle.press(mv.key)
+        readout = panel.locator(".widget-slider .widget-readout").nth(mv.index)  # type: ignore[attr-defined]
+        return f"slider {mv.index} {mv.key}x{mv.presses} -> readout {readout.inner_text().strip()!r}"
+    if mv.kind == "dropdown":
+        sel = panel.locator(".widget-dropdown select").nth(mv.index)  # type: ignore[attr-defined]
+        sel.scroll_into_view_if_needed()
+        options = sel.locator("option").all_inner_texts()
+        current = sel.evaluate("s => s.selectedIndex")
+        target = mv.option if mv.option is not None else (current + 1) % len(options)
+        sel.select_option(index=target)
+        return f"dropdown {mv.index}: {options[current]!r} -> {options[target]!r}"
+    raise ValueError(f"unknown move kind {mv.kind!r}")
+
+
+def _first_cell_is_markdown(nb: Path) -> bool:
+    cells = nbformat.read(nb, as_version=4).cells
+    return bool(cells) and cells[0].cell_type == "markdown" and cells[0].source.lstrip().startswith("#")
+
+
+def test_notebooks_to_drive_are_there() -> None:
+    """The browser test covers every notebook; the ones with a panel to move must be among them."""
+    names = [p.name for p in NOTEBOOKS]
+    assert any(n.startswith("01_") for n in names), names
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_first_cell_is_a_markdown_title(nb: Path) -> None:
+    assert _first_cell_is_markdown(nb), f"{nb.name}: must start with a markdown cell '# ...' (what it answers)"
+
+
+@pytest.mark.ui
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_in_browser(nb: Path, jupyter_lab: LabServer, page: PageProbe) -> None:
+    pg, name = page.page, nb.stem
+    try:
+        elapsed = _run_all(pg, jupyter_lab, nb)
+        _shot(pg, f"{name}-1-ran")
+        _assert_no_errors(pg, name, "after Run All")
+        cells = _cells(pg)
+        assert all(c["count"] is not None for c in cells), f"{name}: cells not run: {cells}"
+        print(f"{name}: Run All {elapsed:.1f} s in the browser, {len(cells)} code cells")
+
+        moves = next((m for prefix, m in MOVES.items() if nb.name.startswith(prefix)), ())
+        if moves:
+            panel = _panel_output(pg, name)
+            for i, mv in enumerate(moves):
+                before = panel.evaluate(FINGERPRINT)  # type: ignore[attr-defined]
+                assert before != "[]", f"{name}: the panel shows no plotly figure"
+                what = _move(pg, panel, mv)
+                try:
+                    pg.wait_for_function(  # type: ignore[attr-defined]
+                        "([el, fp]) => (" + FINGERPRINT + ")(el) !== fp",
+                        arg=[panel.element_handle(), before],  # type: ignore[attr-defined]
+                        timeout=60_000,
+                        polling=200,
+                    )
+                except Exception as e:
+                    _shot(pg, f"{name}-2-move{i}-nochange")
+                    raise AssertionError(f"{name}: figure data did not change after {what}") from e
+                panel.scroll_into_view_if_needed()  # type: ignore[attr-defined]
+                _shot(pg, f"{name}-2-move{i}")
+                print(f"{name}: {what}: figure changed")
+            pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
+            _assert_no_errors(pg, name, "after moving the controls")
+        assert not page.page_errors, f"{name}: uncaught errors in the page: {page.page_errors[:5]}"
+    finally:
+        jupyter_lab.shutdown_sessions()
