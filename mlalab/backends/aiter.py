@@ -73,6 +73,7 @@ __all__ = [
     "quantized_reference",
     "compare_plans",
     "installed_version",
+    "plan_knobs",
 ]
 
 _BUFFER_ORDER = (  # get_mla_metadata_info_v1's return order (NOT get_mla_metadata_v1's argument order)
@@ -544,7 +545,11 @@ class AiterDecoder:
         """aiter's own work map for `inputs`, as a `mlalab.splitkv.WorkPlan` (CPU copy)."""
         p = self.prepare(inputs)
         return plan_from_aiter_buffers(
-            p.buffers, num_cus=self.rt.num_cus, batch=inputs.batch, planner=f"{self.planner_name()} (aiter)"
+            p.buffers,
+            num_cus=self.rt.num_cus,
+            batch=inputs.batch,
+            planner=f"{self.planner_name()} (aiter)",
+            kv_lens=tuple(int(n) for n in inputs.kv_lens.tolist()),
         )
 
     def our_plan(self, inputs: DecodeInputs) -> Any:
@@ -563,7 +568,7 @@ class AiterDecoder:
             inputs.qo_indptr.cpu().to(torch.int32),
             tok_indptr,
             target,
-            **_plan_knobs(self.settings, self.rt.arch),
+            **plan_knobs(self.settings, self.rt.arch, int(inputs.case.q_len)),
         )
 
     def compare_with_ours(self, inputs: DecodeInputs) -> Any:
@@ -571,13 +576,16 @@ class AiterDecoder:
         return compare_plans(self.our_plan(inputs), self.aiter_plan(inputs))
 
 
-def _plan_knobs(settings: AiterSettings, arch: str) -> dict[str, Any]:
-    """Keyword knobs for `mlalab.splitkv.make_plan` that mirror the metadata call."""
-    return {
+def plan_knobs(settings: AiterSettings, arch: str, q_len: int) -> dict[str, Any]:
+    """Keyword knobs for `mlalab.splitkv.make_plan` that mirror our `get_mla_metadata_v1` call."""
+    knobs: dict[str, Any] = {
         "max_split_per_batch": settings.split_arg,
         "kv_granularity": settings.kv_granularity,
-        "arch": arch,
+        "q_len": q_len,
     }
+    if settings.intra_batch_mode:
+        knobs["rule"] = arch_from_gcn_name(arch)  # the v1.0 split rule differs between gfx942 and gfx950
+    return knobs
 
 
 _DECODERS: dict[AiterSettings, AiterDecoder] = {}

@@ -161,7 +161,13 @@ def compare_plans(ours: Any, theirs: Any, *, limit: int = 20) -> PlanDiff:
 
 
 def plan_from_aiter_buffers(
-    buffers: Mapping[str, torch.Tensor], *, num_cus: int, batch: int, planner: str, page_size: int = 1
+    buffers: Mapping[str, torch.Tensor],
+    *,
+    num_cus: int,
+    batch: int,
+    planner: str,
+    page_size: int = 1,
+    kv_lens: tuple[int, ...] = (),
 ) -> WorkPlan:
     """A `WorkPlan` from aiter's metadata buffers (device tensors as `get_mla_metadata_v1` filled them): copied
     to the CPU (the originals stay at their addresses) and trimmed to their defined entries."""
@@ -179,6 +185,8 @@ def plan_from_aiter_buffers(
     counts = (ri[1:] - ri[:-1]).to(torch.int64)
     fm[counts < 1] = 0  # rows aiter never writes (unsplit tiles in fast mode) hold garbage
     pm = buffers["reduce_partial_map"].to("cpu", torch.int32)[:n_partial].clone()
+    split = info[:, 1] >= 0  # partial rows used: the end of the furthest partial slot
+    rows = info[split, 1].to(torch.int64) + (info[split, 3] - info[split, 2]).to(torch.int64)
     return WorkPlan(
         work_indptr=wi,
         work_info=info,
@@ -189,6 +197,8 @@ def plan_from_aiter_buffers(
         batch=batch,
         page_size=page_size,
         planner=planner,
+        n_partial_rows=int(rows.max()) if rows.numel() else 0,
+        kv_lens=tuple(int(n) for n in kv_lens),
     )
 
 
