@@ -39,6 +39,7 @@ __all__ = [
     "SUPPORTED_RANGE",
     "Mode",
     "AiterSettings",
+    "settings_for_precision",
     "arch_from_gcn_name",
     "fp8_flavour_for_arch",
     "fp8_torch_dtype",
@@ -377,6 +378,17 @@ class AiterSettings:
         if self.max_split_per_batch is not None:
             return self.max_split_per_batch
         return self.num_kv_splits if self.intra_batch_mode else -1
+
+
+_PRECISIONS = {"a8w8": ("fp8", "fp8"), "a16w8": ("bf16", "fp8"), "bf16": ("bf16", "bf16")}
+
+
+def settings_for_precision(precision: str, **overrides: Any) -> AiterSettings:
+    """`AiterSettings` for the project's precision names (a8w8 = fp8 q and KV, a16w8 = bf16 q + fp8 KV, bf16)."""
+    if precision not in _PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(_PRECISIONS)}, got {precision!r}")
+    q, kv = _PRECISIONS[precision]
+    return AiterSettings(q_dtype=q, kv_dtype=kv, **overrides)
 
 
 # --------------------------------------------------------------------------------------------------------------
