@@ -216,8 +216,21 @@ def _load_uncached() -> AiterRuntime:
         abi = sig_abi
         notes.append("ABI from inspected signatures")
     elif version_abi is not None:
+        # Some wrappers hide their signature: check the ones we can see against the release table's names.
+        expected = {
+            "mla_decode_stage1_asm_fwd": version_abi.stage1_params(),
+            "mla_reduce_v1": version_abi.reduce_params(),
+            "get_mla_metadata_info_v1": version_abi.info_params(),
+            "get_mla_metadata_v1": AiterAbi.metadata_params(),
+        }
+        problems = []
+        for n, sig in sigs.items():
+            found = check_signature(n, sig, expected[n]) if sig is not None else []
+            problems += [x for x in found if not x.endswith("signature not inspectable")]
+        if problems:
+            raise RuntimeError(f"aiter {version}: signatures differ from the release table: " + "; ".join(problems))
         abi = version_abi
-        notes.append("signatures not inspectable; ABI from the release table")
+        notes.append("some signatures not inspectable; ABI from the release table")
     else:
         raise RuntimeError(f"aiter {version}: not a documented release and its signatures cannot be inspected")
     return AiterRuntime(aiter, abi, arch, int(props.multi_processor_count), flavour, device, tuple(notes))
