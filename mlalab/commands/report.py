@@ -1,0 +1,54 @@
+"""``python -m mlalab report --out report.html``: a standalone HTML page of the key figures (opens offline)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import GPU_TARGETS
+from ..report import SECTION_BUILDERS, ReportOptions, default_data_dir, write_report
+
+NAME = "report"
+HELP = "write a standalone HTML report (accuracy heatmap, work map, timings, bandwidth floor) to share without Jupyter"
+ORDER = 90
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="report.html", help="output .html file (default %(default)s)")
+    p.add_argument("--kv-len", type=int, default=1024, help="KV tokens per request for computed figures (default 1024)")
+    p.add_argument("--batch", type=int, default=4, help="requests per batch for computed figures (default 4)")
+    p.add_argument("--target", default="mi300x", choices=sorted(GPU_TARGETS), help="GPU target of the work map")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", type=Path, default=None, help="recorded measurements (default: the repo's data/)")
+    p.add_argument(
+        "--sections",
+        type=lambda t: [x for x in t.replace(" ", "").split(",") if x],
+        default=None,
+        help=f"comma-separated subset of: {','.join(SECTION_BUILDERS)} (default: all)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help=f"exit 1 if any section ({', '.join(SECTION_BUILDERS)}) is unavailable",
+    )
+
+
+def run(a: argparse.Namespace) -> int:
+    opts = ReportOptions(
+        kv_len=a.kv_len,
+        batch=a.batch,
+        target=a.target,
+        seed=a.seed,
+        data_dir=a.data_dir if a.data_dir is not None else default_data_dir(),
+    )
+    path, sections = write_report(a.out, opts, a.sections)
+    missing = [s for s in sections if s.unavailable]
+    for s in sections:
+        state = f"unavailable: {s.unavailable}" if s.unavailable else f"{len(s.figures)} figure(s)"
+        print(f"  {s.key:<10} {state}")
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, plotly.js inline: opens offline)")
+    if missing:
+        print(f"warning: {len(missing)} section(s) unavailable (the page says why)", file=sys.stderr)
+        return 1 if a.strict else 0
+    return 0

@@ -1,0 +1,260 @@
+"""A standalone HTML report of the key figures, for sharing results without Jupyter.
+
+The page embeds plotly.js once, inline, so it opens offline (file://, e-mail attachment). Every figure comes
+from the figure builders in ``mlalab.plots.<topic>`` — nothing is re-implemented here. A section whose builder
+or data is missing says so in the page, with the reason, instead of showing a made-up figure.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import importlib
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import plotly
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from . import __version__
+from .config import GPU_TARGETS, DecodeCase
+
+__all__ = [
+    "ReportOptions",
+    "Section",
+    "SECTION_BUILDERS",
+    "build_sections",
+    "render_html",
+    "write_report",
+    "default_data_dir",
+]
+
+
+def default_data_dir() -> Path:
+    """``data/`` of the repository this package lives in (``MLALAB_DATA`` overrides)."""
+    env = os.environ.get("MLALAB_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the report shows. Defaults match the competition shapes and run in seconds on a 2-core CPU."""
+
+    kv_len: int = 1024
+    batch: int = 4
+    target: str = "mi300x"
+    seed: int = 0
+    data_dir: Path = field(default_factory=default_data_dir)
+    title: str = "mlalab report — DeepSeek-R1 MLA decode"
+
+    def __post_init__(self) -> None:
+        for name in ("kv_len", "batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise TypeError(f"seed must be an int, got {type(self.seed).__name__}")
+        if not isinstance(self.target, str) or self.target.lower() not in GPU_TARGETS:
+            raise ValueError(f"target must be one of {sorted(GPU_TARGETS)}, got {self.target!r}")
+        if not isinstance(self.data_dir, Path):
+            object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if not isinstance(self.title, str):
+            raise TypeError(f"title must be a str, got {type(self.title).__name__}")
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of the page: a figure, or the reason there is none."""
+
+    key: str
+    title: str
+    description: str
+    figures: tuple[go.Figure, ...] = ()
+    unavailable: str | None = None  # why the section has no figure (shown in the page)
+    source: str = ""  # which builder made it, e.g. "mlalab.plots.basics.floor_by_target_figure"
+
+    def __post_init__(self) -> None:
+        if not self.figures and not self.unavailable:
+            raise ValueError(f"section {self.key!r}: give figures or the reason they are unavailable")
+        for f in self.figures:
+            if not isinstance(f, go.Figure):
+                raise TypeError(f"section {self.key!r}: figures must be plotly go.Figure, got {type(f).__name__}")
+
+
+def _unavailable(key: str, title: str, description: str, reason: str) -> Section:
+    return Section(key, title, description, unavailable=reason)
+
+
+def _import(module: str, *names: str) -> tuple[object, ...]:
+    """Import builder functions by name; ImportError/AttributeError carry the reason a section is missing."""
+    mod = importlib.import_module(module)
+    missing = [n for n in names if not hasattr(mod, n)]
+    if missing:
+        raise AttributeError(f"{module} has no {', '.join(missing)}")
+    return tuple(getattr(mod, n) for n in names)
+
+
+# --- sections ------------------------------------------------------------------------------------------------
+
+
+def section_floor(opts: ReportOptions) -> Section:
+    key, title = "floor", "Bandwidth floor of one decode call"
+    desc = (
+        f"Bytes moved per call divided by bandwidth, per GPU target and KV storage format "
+        f"(batch {opts.batch}, kv_len {opts.kv_len}). H200: measured copy bandwidth; MI300X/MI355X: datasheet."
+    )
+    try:
+        (builder,) = _import("mlalab.plots.basics", "floor_by_target_figure")
+        fig = builder(DecodeCase.uniform(opts.batch, opts.kv_len))  # type: ignore[operator]
+    except (ImportError, AttributeError) as e:
+        return _unavailable(key, title, desc, f"figure builder missing: {e}")
+    return Section(key, title, desc, (fig,), source="mlalab.plots.basics.floor_by_target_figure")
+
+
+# Q × KV schemes of the report's heatmap: the plain casts, the competition's per-tensor fp8, finer fp8 scales,
+# and the 4-bit KV formats.
+# (Q schemes barely move the output SQNR — notebook 02 shows it — so three rows are enough here.)
+ACCURACY_Q_SCHEMES = ("bf16", "fp8-direct", "fp8-tensor")
+ACCURACY_KV_SCHEMES = ("bf16", "fp8-tensor", "fp8-block128", "mxfp4-aiter", "nvfp4")
+
+
+def section_accuracy(opts: ReportOptions) -> Section:
+    key, title = "accuracy", "Quantization accuracy: SQNR over Q scheme × KV scheme"
+    tgt = GPU_TARGETS[opts.target.lower()]
+    desc = (
+        f"Output SQNR (dB, higher is better) of the fake-quantized decode against the exact fp64 reference, "
+        f"computed now on batch {opts.batch}, kv_len {opts.kv_len}, competition inputs (randn·0.02), seed "
+        f"{opts.seed}, fp8 flavour {tgt.fp8_flavour} ({tgt.name}). NaN = overflow."
+    )
+    try:
+        (sweep,) = _import("mlalab.accuracy", "sweep")
+        (heatmap,) = _import("mlalab.plots.accuracy", "sqnr_heatmap")
+    except (ImportError, AttributeError) as e:
+        return _unavailable(key, title, desc, f"figure builder missing: {e}")
+    case = DecodeCase.uniform(opts.batch, opts.kv_len, seed=opts.seed)
+    df = sweep(case, ACCURACY_Q_SCHEMES, ACCURACY_KV_SCHEMES, (tgt.fp8_flavour,), progress=False)  # type: ignore[operator]
+    fig = heatmap(df, title=f"SQNR (dB): Q scheme × KV scheme — {case.short_str()}, {tgt.fp8_flavour}")  # type: ignore[operator]
+    return Section(key, title, desc, (fig,), source="mlalab.accuracy.sweep → mlalab.plots.accuracy.sqnr_heatmap")
+
+
+SectionBuilder = Callable[[ReportOptions], Section]
+
+# Order of the page. Other topics register their section function here as they land.
+SECTION_BUILDERS: dict[str, SectionBuilder] = {
+    "accuracy": section_accuracy,
+    "floor": section_floor,
+}
+
+
+def build_sections(opts: ReportOptions | None = None, keys: Sequence[str] | None = None) -> list[Section]:
+    """Build the report's sections (all, or those named in `keys`, in page order)."""
+    opts = ReportOptions() if opts is None else opts
+    if not isinstance(opts, ReportOptions):
+        raise TypeError(f"opts must be a ReportOptions, got {type(opts).__name__}")
+    if keys is not None:
+        unknown = [k for k in keys if k not in SECTION_BUILDERS]
+        if unknown:
+            raise ValueError(f"keys: unknown section(s) {unknown}; known: {list(SECTION_BUILDERS)}")
+    return [fn(opts) for k, fn in SECTION_BUILDERS.items() if keys is None or k in keys]
+
+
+# --- HTML ----------------------------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2em auto; max-width: 1200px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+.meta { color: #666; font-size: 0.9em; } .src { color: #888; font-size: 0.8em; font-family: monospace; }
+.unavailable { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.6em 1em; }
+nav ul { columns: 2; }
+"""
+
+
+def render_html(sections: Sequence[Section], opts: ReportOptions | None = None) -> str:
+    """The full page: plotly.js inline once (first figure), every other figure reuses it."""
+    opts = ReportOptions() if opts is None else opts
+    if not all(isinstance(s, Section) for s in sections):
+        raise TypeError("sections must be a sequence of Section")
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    meta = (
+        f"mlalab {__version__} · plotly {plotly.__version__} · Python {platform.python_version()} · "
+        f"generated {now} · batch {opts.batch}, kv_len {opts.kv_len}, target {html.escape(opts.target)}, "
+        f"seed {opts.seed}"
+    )
+    parts = [
+        "<!DOCTYPE html>",
+        "<html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{html.escape(opts.title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(opts.title)}</h1><p class='meta'>{meta}</p>",
+        "<nav><ul>"
+        + "".join(
+            f"<li><a href='#{s.key}'>{html.escape(s.title)}</a>{' (unavailable)' if s.unavailable else ''}</li>"
+            for s in sections
+        )
+        + "</ul></nav>",
+    ]
+    js_done = False
+    for s in sections:
+        parts.append(f"<section id='{html.escape(s.key)}' data-section='{html.escape(s.key)}'>")
+        parts.append(f"<h2>{html.escape(s.title)}</h2><p>{html.escape(s.description)}</p>")
+        if s.unavailable:
+            parts.append(f"<p class='unavailable'><b>Section unavailable:</b> {html.escape(s.unavailable)}</p>")
+        for i, fig in enumerate(s.figures):
+            parts.append(
+                pio.to_html(
+                    fig,
+                    full_html=False,
+                    include_plotlyjs=not js_done,  # True = the whole library inline, once; offline-safe
+                    div_id=f"fig-{s.key}-{i}",
+                    config={"displaylogo": False, "responsive": True},
+                )
+            )
+            js_done = True
+        if s.source:
+            parts.append(f"<p class='src'>figure: {html.escape(s.source)}</p>")
+        parts.append("</section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(
+    out: str | os.PathLike[str], opts: ReportOptions | None = None, keys: Sequence[str] | None = None
+) -> tuple[Path, list[Section]]:
+    """Build the sections (all, or `keys`) and write the page atomically (temp file in the same directory, then
+    os.replace), so a reader never sees half a page."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out must be a path, got {type(out).__name__}")
+    path = Path(out)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"out must end in .html, got {str(path)!r}")
+    if not path.parent.exists():
+        raise ValueError(f"out: directory {str(path.parent)!r} does not exist")
+    sections = build_sections(opts, keys)
+    text = render_html(sections, opts)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared report should be readable
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path, sections
+
+
+def main() -> None:
+    """Demo: write report.html in the current directory and list its sections."""
+    path, sections = write_report("report.html")
+    for s in sections:
+        print(f"{s.key:>10}: {'UNAVAILABLE — ' + s.unavailable if s.unavailable else f'{len(s.figures)} figure(s)'}")
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()
