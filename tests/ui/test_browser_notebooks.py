@@ -95,6 +95,10 @@ def _assert_no_errors(pg: object, name: str, when: str) -> None:
 def _run_all(pg: object, lab: LabServer, nb: Path) -> float:
     pg.goto(lab.url(f"notebooks/{nb.name}"))  # type: ignore[attr-defined]
     pg.wait_for_selector(f"{NOTEBOOK} .jp-Cell", timeout=60_000)  # type: ignore[attr-defined]
+    # A notebook without kernelspec metadata asks which kernel to start: accept the default (Python 3).
+    dialog = pg.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept")  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        dialog.click(timeout=2_000)
     pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
     _dismiss_toasts(pg)
     t0 = time.perf_counter()
