@@ -18,9 +18,7 @@ ORDER = 30
 def add_plan_arguments(p: argparse.ArgumentParser, *, default_planner: str | None = "aiter-intra-batch") -> None:
     """Planner options shared by `plan` and `decode` (defaults None in `decode` = the backend's own)."""
     g = p.add_argument_group("split-KV plan")
-    g.add_argument(
-        "--planner", default=default_planner, choices=list(PLANNERS), help="planner (default %(default)s)"
-    )
+    g.add_argument("--planner", default=default_planner, choices=list(PLANNERS), help="planner (default %(default)s)")
     g.add_argument(
         "--target",
         default="mi355x" if default_planner else None,

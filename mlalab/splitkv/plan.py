@@ -252,7 +252,7 @@ class WorkPlan:
         qo = qo_indptr.to("cpu", torch.int64).tolist()
         kvp = kv_indptr.to("cpu", torch.int64).tolist()
         B = len(qo) - 1
-        if B != self.batch:
+        if self.batch != B:
             raise PlanError(f"plan is for batch {self.batch}, indptrs describe {B} requests")
         wip = self.work_indptr.to("cpu", torch.int64).tolist()
         if wip[0] != 0 or any(b < a for a, b in zip(wip, wip[1:])):
@@ -293,7 +293,8 @@ class WorkPlan:
         if rip[0] != 0 or any(b < a for a, b in zip(rip, rip[1:])):
             raise PlanError("reduce_indptr must start at 0 and be non-decreasing")
         if rip[-1] > self.reduce_partial_map.numel():
-            raise PlanError(f"reduce_indptr[-1] = {rip[-1]} > reduce_partial_map size {self.reduce_partial_map.numel()}")
+            n = self.reduce_partial_map.numel()
+            raise PlanError(f"reduce_indptr[-1] = {rip[-1]} > reduce_partial_map size {n}")
         pmap = self.reduce_partial_map.to("cpu", torch.int64).tolist()
         fmap = self.reduce_final_map.to("cpu", torch.int64).tolist()
         merged: dict[int, list[int]] = {}

@@ -1,0 +1,149 @@
+"""Emulator vs the fp64 reference (every planner, ragged, paged, q_len > 1), traces, backend, property tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mlalab.backends import decode
+from mlalab.config import DecodeCase
+from mlalab.inputs import make_inputs
+from mlalab.reference import decode_inputs_reference
+from mlalab.splitkv import PLANNERS, emulate_plan, indptrs_for, make_plan
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("planner", list(PLANNERS))
+def test_emulator_matches_reference_fp64(planner: str) -> None:
+    x = make_inputs(DecodeCase(kv_lens=(700, 3, 1500, 64, 0), q_len=2, page_size=16, permute_pages=True, seed=3))
+    ref, ref_lse = decode_inputs_reference(x, empty_policy="zeros")
+    n_split = 0
+    for target in ("mi300x", 32, 5):
+        plan = make_plan(planner, x.qo_indptr, x.kv_indptr, target, page_size=16, kv_last_page_len=x.kv_last_page_len)
+        out, lse, _ = emulate_plan(x, plan)
+        n_split += plan.summary()["split_requests"]
+        assert rel(out, ref) <= 1e-12, (planner, target)
+        assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+        fin = torch.isfinite(ref_lse)
+        assert float((lse[fin] - ref_lse[fin]).abs().max()) <= 1e-12
+    assert n_split >= 2  # the test exercises the reduce, not only direct writes
+
+
+def test_float32_emulation_is_close() -> None:
+    x = make_inputs(DecodeCase.uniform(2, 2048, dist="unit"))
+    ref, _ = decode_inputs_reference(x)
+    plan = make_plan("aiter-fast", x.qo_indptr, x.kv_indptr, 64)
+    out = emulate_plan(x, plan, compute_dtype=torch.float32).out
+    assert out.dtype == torch.float32 and 1e-9 < rel(out.double(), ref) < 1e-5
+
+
+def test_trace_contents_and_merge() -> None:
+    x = make_inputs(DecodeCase.uniform(2, 512))
+    plan = make_plan("aiter-intra-batch", x.qo_indptr, x.kv_indptr, "mi300x")
+    res = emulate_plan(x, plan, trace=True)
+    works, red = res.trace["works"], res.trace["reduce"]
+    assert len(works) == plan.n_work == 32 and len(red) == 2
+    assert [w.cu for w in works] == plan.work_cus().tolist()
+    r0 = red[0]
+    assert r0.weights.shape == (16, 1, 16) and torch.allclose(r0.weights.sum(0), torch.ones(1, 16, dtype=torch.float64))
+    lse_parts = torch.stack([w.lse for w in works if w.batch == 0])
+    assert torch.allclose(torch.logsumexp(lse_parts, 0), res.lse[0:1])
+    assert all(bool((w.m <= w.lse).all()) for w in works)  # lse = m + ln(l) with l >= 1
+
+
+def test_unwritten_rows_are_nan_not_silently_zero() -> None:
+    """A plan whose reduce forgets a request leaves NaN (the emulator does not hide broken plans)."""
+    import dataclasses
+
+    x = make_inputs(DecodeCase.uniform(2, 256))
+    plan = make_plan("aiter-fast", x.qo_indptr, x.kv_indptr, 8)
+    bad = dataclasses.replace(plan, reduce_indptr=torch.zeros_like(plan.reduce_indptr))
+    with pytest.raises(ValueError, match="no reduce tile"):
+        emulate_plan(x, bad)
+
+
+def test_emulate_rejects_mismatched_plan() -> None:
+    x = make_inputs(DecodeCase.uniform(2, 256))
+    qo, kv = indptrs_for([256, 300])
+    with pytest.raises(ValueError):
+        emulate_plan(x, make_plan("balanced", qo, kv, 8))
+    with pytest.raises(TypeError, match="plan"):
+        emulate_plan(x, "aiter-fast")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="compute_dtype"):
+        emulate_plan(x, make_plan("balanced", x.qo_indptr, x.kv_indptr, 8), compute_dtype=torch.float16)
+
+
+def test_backend_emulated() -> None:
+    x = make_inputs(DecodeCase(kv_lens=(300, 17), q_len=4))
+    ref, _ = decode_inputs_reference(x)
+    for planner in PLANNERS:
+        out, lse = decode(x, backend="emulated", planner=planner, target="h200", kv_granularity=32)
+        assert rel(out, ref) <= 1e-12
+    with pytest.raises(TypeError, match="valid knobs"):
+        decode(x, backend="emulated", planner="aiter-cost-heap", max_split_per_batch=4)
+
+
+def test_quant_schemes_against_dequantized_reference() -> None:
+    quant = pytest.importorskip("mlalab.quant")
+    if not hasattr(quant, "get_kv_scheme"):
+        pytest.skip("mlalab.quant has no get_kv_scheme yet")
+    from mlalab.splitkv import dequantized_inputs
+
+    x = make_inputs(DecodeCase.uniform(2, 300))
+    plan = make_plan("aiter-fast", x.qo_indptr, x.kv_indptr, 16)
+    name = "fp8-tensor"
+    res = emulate_plan(x, plan, q_scheme=name, kv_scheme=name)
+    ref_q, _ = decode_inputs_reference(dequantized_inputs(x, q_scheme=name, kv_scheme=name))
+    ref, _ = decode_inputs_reference(x)
+    assert rel(res.out, ref_q) <= 1e-12
+    assert rel(res.out, ref) > 1e-6  # the scheme really changed the inputs
+
+
+# ---------------------------------------------------------------- properties
+lens_st = st.lists(st.sampled_from([0, 1, 2, 5, 17]) | st.integers(0, 5000), min_size=1, max_size=24)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lens=lens_st,
+    n_cus=st.sampled_from([1, 2, 3, 7, 12, 132, 256, 304]),
+    q_len=st.sampled_from([1, 1, 2, 4]),
+    gran=st.sampled_from([1, 4, 16, 64]),
+    splits=st.sampled_from([None, 1, 2, 3, 8, 32]),
+)
+def test_every_planner_validates_on_random_ragged_batches(
+    lens: list[int], n_cus: int, q_len: int, gran: int, splits: int | None
+) -> None:
+    qo, kv = indptrs_for(lens, q_len)
+    for name in PLANNERS:
+        kw: dict[str, object] = {"kv_granularity": gran, "q_len": q_len}
+        if splits is not None and name != "aiter-cost-heap":
+            kw["max_split_per_batch"] = splits
+        plan = make_plan(name, qo, kv, n_cus, **kw).validate(qo, kv)
+        assert int(plan.cu_loads().sum()) == sum(lens)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lens=st.lists(st.integers(0, 48), min_size=1, max_size=5),
+    n_cus=st.integers(1, 9),
+    q_len=st.sampled_from([1, 2]),
+    page_size=st.sampled_from([1, 1, 4]),
+    seed=st.integers(0, 1000),
+)
+def test_emulator_equals_reference_property(lens: list[int], n_cus: int, q_len: int, page_size: int, seed: int) -> None:
+    x = make_inputs(DecodeCase(kv_lens=tuple(lens), q_len=q_len, page_size=page_size, permute_pages=True, seed=seed))
+    ref, _ = decode_inputs_reference(x, empty_policy="zeros")
+    for name in PLANNERS:
+        plan = make_plan(
+            name, x.qo_indptr, x.kv_indptr, n_cus, page_size=page_size, kv_last_page_len=x.kv_last_page_len,
+            kv_granularity=4,
+        )  # fmt: skip
+        out = emulate_plan(x, plan).out
+        assert float((out - ref).abs().max()) <= 1e-12 * max(float(ref.abs().max()), 1e-30) or rel(out, ref) <= 1e-12

@@ -1,0 +1,267 @@
+"""WorkPlan layout, the research note's worked examples (pinned), validate() catching broken plans, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mlalab.splitkv import PLANNERS, PlanError, WorkPlan, indptrs_for, intra_batch_splits, make_plan
+
+
+def plan_for(planner: str, lens: list[int], target: object, **kw: object) -> WorkPlan:
+    qo, kv = indptrs_for(lens)
+    return make_plan(planner, qo, kv, target, **kw).validate(qo, kv)
+
+
+def frag_tokens(plan: WorkPlan, b: int) -> list[int]:
+    df = plan.to_frame()
+    return df[df.batch_idx == b].sort_values("kv_start").kv_tokens.tolist()
+
+
+# ---------------------------------------------------------------- worked examples (research note §2.7)
+def test_gfx942_intra_batch_16_works_of_64_and_ignores_splits() -> None:
+    for splits in (4, 32, 64):
+        p = plan_for("aiter-intra-batch", [1024] * 4, "mi300x", num_kv_splits=splits)
+        assert p.n_work == 64 and p.summary()["busy_cus"] == 64
+        assert all(frag_tokens(p, b) == [64] * 16 for b in range(4))
+        # work/CU 16b+i, partial row = work index
+        wi = p.work_info
+        assert wi[:, 1].tolist() == list(range(64))
+        assert p.work_cus().tolist() == list(range(64))
+
+
+def test_gfx950_intra_batch_5_works() -> None:
+    p = plan_for("aiter-intra-batch", [1024] * 4, "mi355x", max_split_per_batch=32)
+    assert p.n_work == 20
+    assert p.reduce_indptr.tolist() == [0, 5, 10, 15, 20]
+    assert all(frag_tokens(p, b) == [208] * 4 + [192] for b in range(4))
+    assert p.reduce_final_map.tolist() == [[0, 1], [1, 2], [2, 3], [3, 4]]
+
+
+def test_fast_mode_304_cus_32_by_32() -> None:
+    p = plan_for("aiter-fast", [1024] * 4, "mi300x")
+    s = p.summary()
+    assert (s["works"], s["busy_cus"], s["idle_cus"]) == (128, 128, 176)
+    assert all(frag_tokens(p, b) == [32] * 32 for b in range(4))
+    assert p.reduce_indptr.tolist() == [0, 32, 64, 96, 128]
+    df = p.to_frame()
+    r1 = df[df.batch_idx == 1].sort_values("kv_start")
+    assert r1.cu.tolist() == list(range(32, 64))
+    assert r1.kv_start.tolist() == [1024 + 32 * i for i in range(32)]
+    assert r1.partial_qo_loc.tolist() == list(range(32, 64))
+    assert r1.kv_offset.tolist() == [992 - 32 * i for i in range(32)]
+
+
+def test_fast_mode_max_split_32() -> None:
+    for tgt in ("mi300x", "mi355x"):
+        p = plan_for("aiter-fast", [1024] * 4, tgt, max_split_per_batch=32)
+        assert p.n_work == 88 and p.reduce_indptr.tolist() == [0, 22, 44, 66, 88]
+        assert all(frag_tokens(p, b) == [48] * 21 + [16] for b in range(4))
+
+
+def test_fast_mode_b1_fragment_counts_match_pr4899() -> None:
+    counts = {512: 32, 1024: 64, 2048: 128, 4096: 128, 8192: 171, 16384: 205, 32768: 228, 65536: 241}
+    for L, n in counts.items():
+        assert plan_for("aiter-fast", [L], 256).n_work == n
+    assert set(frag_tokens(plan_for("aiter-fast", [512], 256), 0)) == {16}
+
+
+def test_fast_mode_global_budget_and_boundary_split() -> None:
+    p = plan_for("aiter-fast", [100000, 100], 304, max_split_per_batch=32)
+    assert p.summary()["works_per_request"] == [64, 1]
+    assert set(frag_tokens(p, 0)[:-1]) == {1584}
+    p = plan_for("aiter-fast", [100000, 100, 100, 100], 256)
+    assert frag_tokens(p, 2) == [32, 68]
+
+
+def test_fast_mode_larger_batches() -> None:
+    s = plan_for("aiter-fast", [8192] * 32, 304).summary()
+    assert (s["works"], s["busy_cus"], s["params"]["payload_blocks"]) == (320, 299, 72)
+    assert set(s["works_per_request"]) == {10}
+    s = plan_for("aiter-fast", [1024] * 256, 304).summary()
+    assert (s["works"], s["busy_cus"], s["split_requests"]) == (256, 256, 0)
+
+
+def test_cost_heap_example() -> None:
+    p = plan_for("aiter-cost-heap", [1024] * 4, "mi300x")
+    assert p.params["workload_limit"] == 96
+    assert p.n_work == 64 and p.summary()["busy_cus"] == 64
+    assert all(frag_tokens(p, b) == [64] * 16 for b in range(4))
+
+
+@pytest.mark.parametrize(
+    "B,L,arch,want",
+    [(1, 8192, "gfx950", (32, 256)), (32, 4096, "gfx950", (8, 512)), (64, 1024, "gfx950", (4, 256)),
+     (256, 1024, "gfx950", (1, 1024)), (32, 8192, "gfx942", (16, 512))],
+)  # fmt: skip
+def test_intra_batch_table_b(B: int, L: int, arch: str, want: tuple[int, int]) -> None:
+    p = plan_for("aiter-intra-batch", [L] * B, "mi300x" if arch == "gfx942" else "mi355x")
+    toks = frag_tokens(p, 0)
+    assert (len(toks), toks[0]) == want
+
+
+def test_intra_batch_clamps_short_requests_and_merges_tiny_tail() -> None:
+    assert intra_batch_splits(100, 4, 256, 32, "gfx950") == 1  # aiter: 100 // 196 = 0 -> division by zero
+    p = plan_for("aiter-intra-batch", [100, 50], "mi355x")
+    assert p.summary()["works_per_request"] == [1, 1] and p.work_info[:, 1].tolist() == [-1, -1]
+    # gfx942, 16 splits of 4 blocks: a 964-token request would end with a 4-token chunk -> merged
+    p = plan_for("aiter-intra-batch", [964], "mi300x")
+    assert frag_tokens(p, 0) == [64] * 14 + [68]
+    assert frag_tokens(plan_for("aiter-intra-batch", [965], "mi300x"), 0) == [64] * 15 + [5]
+
+
+def test_balanced_never_worse_than_fast_on_its_own_objective() -> None:
+    for lens in ([1024] * 4, [100000, 100, 100, 100], [8192] * 32, [5, 7000, 300, 0, 12000]):
+        bal = plan_for("balanced", lens, 256, overhead=64)
+        fast = plan_for("aiter-fast", lens, 256)
+
+        def worst(p: WorkPlan) -> int:
+            counts = (p.work_indptr[1:] - p.work_indptr[:-1]).long()
+            return int((p.cu_loads() + 64 * counts).max())
+
+        assert worst(bal) <= worst(fast)
+
+
+def test_zero_token_request_gets_one_empty_unsplit_work() -> None:
+    for name in PLANNERS:
+        p = plan_for(name, [0, 300, 0], 8)
+        df = p.to_frame()
+        empty = df[df.batch_idx == 0]
+        assert len(empty) == 1 and int(empty.kv_tokens.iloc[0]) == 0 and int(empty.partial_qo_loc.iloc[0]) == -1
+
+
+# ---------------------------------------------------------------- layout and views
+def test_tensor_layout_dtypes_and_views() -> None:
+    p = plan_for("aiter-fast", [700, 33, 2000], "h200", max_split_per_batch=4)
+    for name, t in p.tensors().items():
+        assert t.dtype == torch.int32 and t.is_contiguous() and t.device.type == "cpu", name
+    assert p.work_indptr.shape == (133,) and p.work_info.shape[1] == 8
+    assert p.reduce_final_map.shape == (3, 2) and p.reduce_indptr.shape == (4,)
+    assert int(p.cu_loads().sum()) == 2733
+    df = p.to_frame()
+    assert list(df.columns[:4]) == ["work", "cu", "slot", "batch_idx"] and len(df) == p.n_work
+    q = p.to("cpu")
+    assert torch.equal(q.work_info, p.work_info)
+    sub = p.for_request(2)
+    qo, kv = indptrs_for([2000])
+    sub.validate(qo, kv)
+    assert sub.n_work == p.summary()["works_per_request"][2]
+
+
+def test_page_size_positions_and_offsets() -> None:
+    kv = torch.tensor([0, 3, 5], dtype=torch.int32)  # pages of 16: 40 and 20 tokens
+    qo = torch.tensor([0, 1, 2], dtype=torch.int32)
+    last = torch.tensor([8, 4], dtype=torch.int32)
+    p = make_plan("balanced", qo, kv, 4, page_size=16, kv_last_page_len=last, kv_granularity=1, overhead=0)
+    p.validate(qo, kv)
+    assert p.kv_lens == (40, 20) and int(p.cu_loads().sum()) == 60
+
+
+# ---------------------------------------------------------------- validate() must catch broken plans
+def _broken(p: WorkPlan, **tensors: torch.Tensor) -> WorkPlan:
+    return dataclasses.replace(p, **tensors)
+
+
+def test_validate_catches_corruption() -> None:
+    qo, kv = indptrs_for([1024, 300])
+    p = make_plan("aiter-fast", qo, kv, 16).validate(qo, kv)
+    cases = {}
+    wi = p.work_info.clone()
+    wi[1, 5] -= 16  # gap
+    cases["gap"] = _broken(p, work_info=wi)
+    wi = p.work_info.clone()
+    wi[1, 4] -= 1  # overlap
+    cases["overlap"] = _broken(p, work_info=wi)
+    wi = p.work_info.clone()
+    wi[0, 1] = -1  # split request writing output directly
+    cases["direct"] = _broken(p, work_info=wi)
+    wi = p.work_info.clone()
+    wi[0, 0] = 7
+    cases["batch"] = _broken(p, work_info=wi)
+    wi = p.work_info.clone()
+    wi[0, 6] += 1
+    cases["offset"] = _broken(p, work_info=wi)
+    pm = p.reduce_partial_map.clone()
+    pm[0] = pm[1]
+    cases["partial"] = _broken(p, reduce_partial_map=pm)
+    ri = p.reduce_indptr.clone()
+    ri[1] = 0
+    cases["reduce"] = _broken(p, reduce_indptr=ri)
+    for name, bad in cases.items():
+        with pytest.raises(PlanError):
+            bad.validate(qo, kv)
+            pytest.fail(f"validate() accepted a plan with a {name} error")
+    with pytest.raises(PlanError, match="batch"):
+        p.validate(*indptrs_for([1024]))
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kw,exc,match",
+    [
+        ({"target": 0}, ValueError, "CU count"),
+        ({"target": -5}, ValueError, "CU count"),
+        ({"target": "-5"}, ValueError, "CU count"),
+        ({"target": "mi999"}, ValueError, "unknown GPU target"),
+        ({"max_split_per_batch": 0}, ValueError, "max_split_per_batch"),
+        ({"num_kv_splits": -3}, ValueError, "max_split_per_batch"),
+        ({"kv_granularity": 24}, ValueError, "power of two"),
+        ({"kv_granularity": 0}, ValueError, "kv_granularity"),
+        ({"q_len": 2}, ValueError, "q_len"),
+        ({"bogus": 1}, TypeError, "valid knobs"),
+    ],
+)
+def test_bad_knobs(kw: dict, exc: type, match: str) -> None:
+    qo, kv = indptrs_for([100, 200])
+    target = kw.pop("target", 64)
+    with pytest.raises(exc, match=match):
+        make_plan("aiter-fast", qo, kv, target, **kw)
+
+
+def test_bad_indptrs_and_names() -> None:
+    qo, kv = indptrs_for([100, 200])
+    with pytest.raises(ValueError, match="valid: aiter-intra-batch"):
+        make_plan("nope", qo, kv, 64)
+    with pytest.raises(ValueError, match="kv_indptr"):
+        make_plan("balanced", qo, torch.tensor([0, 5], dtype=torch.int32), 64)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        make_plan("balanced", qo, torch.tensor([0, 5, 3], dtype=torch.int32), 64)
+    with pytest.raises(ValueError, match="start at 0"):
+        make_plan("balanced", qo, torch.tensor([1, 5, 9], dtype=torch.int32), 64)
+    with pytest.raises(TypeError, match="dtype"):
+        make_plan("balanced", qo, kv.float(), 64)
+    with pytest.raises(ValueError, match="no query rows"):
+        make_plan("balanced", torch.tensor([0, 0, 1], dtype=torch.int32), kv, 64)
+    with pytest.raises(ValueError, match="max_split_per_batch >= 1"):
+        make_plan("aiter-intra-batch", qo, kv, 64, max_split_per_batch=-1)
+    with pytest.raises(ValueError, match="rule"):
+        make_plan("aiter-intra-batch", qo, kv, 64, rule="gfx1250")
+
+
+# ---------------------------------------------------------------- CLI
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlalab", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_plan_json() -> None:
+    args = ["--target", "mi355x", "--planner", "aiter-intra-batch", "--batch", "4", "--kv-len", "1024", "--json"]
+    r = _cli("plan", *args)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["reduce_indptr"] == [0, 5, 10, 15, 20] and len(d["work_info"]) == 20 and len(d["work_indptr"]) == 257
+    assert d["summary"]["busy_cus"] == 20 and d["summary"]["max_cu_load_tokens"] == 208
+    r = _cli("plan", "--target", "0", "--planner", "aiter-fast")
+    assert r.returncode == 2 and "CU count" in r.stderr
+
+
+def test_cli_decode_check() -> None:
+    r = _cli("decode", "--backend", "emulated", "--planner", "aiter-fast", "--target", "32", "--kv-lens", "300,0,40",
+             "--q-len", "2", "--check", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["rel_l2"] < 1e-12 and d["out_shape"] == [6, 16, 512]
