@@ -148,9 +148,11 @@ def evaluate_prepared(
     tolerances: Iterable[tuple[float, float]] = DEFAULT_TOLERANCES,
     kv_deq: torch.Tensor | None = None,
     q_deq: torch.Tensor | None = None,
+    q_stats: dict[str, float] | None = None,
     return_tensors: bool = False,
 ) -> dict[str, Any]:
-    """`evaluate` on a prepared case; `kv_deq` / `q_deq` let a sweep reuse fake-quantized tensors."""
+    """`evaluate` on a prepared case; `kv_deq` / `q_deq` / `q_stats` (the Q scheme's ``range_stats``) let a
+    sweep or a panel reuse work that depends on one side only."""
     tols = _check_tolerances(tolerances)
     fmt = get_fp8_format(fp8_format)
     qs, ks = get_q_scheme(q_scheme, fmt.name), get_kv_scheme(kv_scheme, fmt.name)
@@ -180,7 +182,7 @@ def evaluate_prepared(
     rec.update(output_metrics(out_bf16, p.ref_out, tols))
     lse_err = (lse - p.ref_lse).abs()
     rec["lse_max_abs_err"] = float(lse_err.max()) if bool(torch.isfinite(lse_err).all()) else math.nan
-    stats = qs.range_stats(x.q)
+    stats = qs.range_stats(x.q) if q_stats is None else q_stats
     rec["q_subnormal_frac"] = stats["subnormal_frac"]
     rec["q_overflow_frac"] = stats["overflow_frac"]
     qf = x.q.float().abs()
@@ -259,10 +261,13 @@ def sweep(
             p = prepare(c)
             for f in fn:
                 qd = {n: get_q_scheme(n, f).fake_quant(p.inputs.q) for n in qn}
+                qst = {n: get_q_scheme(n, f).range_stats(p.inputs.q) for n in qn}
                 for k in kn:
                     kd = _fake_quant_kv(p, k, f)
                     for n in qn:
-                        rows.append(evaluate_prepared(p, n, k, f, tolerances=tols, kv_deq=kd, q_deq=qd[n]))
+                        rows.append(
+                            evaluate_prepared(p, n, k, f, tolerances=tols, kv_deq=kd, q_deq=qd[n], q_stats=qst[n])
+                        )
                         if bar is not None:
                             bar.update(1)
     finally:

@@ -184,12 +184,18 @@ class Fp8Scheme:
             return (_padded_blocks(codes.float(), self.block) * s).flatten(-2)[..., :n]
         return codes.float() * s
 
-    def range_stats(self, x: torch.Tensor) -> dict[str, float]:
-        """Fractions of nonzero |x / scale| below fp8's smallest normal (subnormal or flushed) and beyond its max."""
+    def scaled_values(self, x: torch.Tensor) -> torch.Tensor:
+        """|x / scale| as the fp8 cast sees it, flattened (block padding removed)."""
         xf = _check_x(x).float()
         s = self.scales(x)
-        v = (_padded_blocks(xf, self.block) / s).abs() if self.granularity is Granularity.BLOCK else (xf / s).abs()
-        n = max(xf.numel(), 1)
+        if self.granularity is Granularity.BLOCK:
+            return (_padded_blocks(xf, self.block) / s).flatten(-2)[..., : xf.shape[-1]].abs().flatten()
+        return (xf / s).abs().flatten()
+
+    def range_stats(self, x: torch.Tensor) -> dict[str, float]:
+        """Fractions of nonzero |x / scale| below fp8's smallest normal (subnormal or flushed) and beyond its max."""
+        v = self.scaled_values(x)
+        n = max(v.numel(), 1)
         sub = ((v > 0) & (v < self.fmt.min_normal)).sum()
         over = (v > self.fmt.max).sum()
         return {"subnormal_frac": float(sub) / n, "overflow_frac": float(over) / n}

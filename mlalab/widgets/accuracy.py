@@ -1,0 +1,261 @@
+"""Notebook 02 panel: case, input distribution, fp8 flavour, Q scheme, KV schemes and tolerance -> metrics table,
+SQNR heatmap (every Q scheme × the chosen KV schemes), error histograms and value histograms with fp8 bands.
+
+Results are cached per (case, format, scheme), so changing only the tolerance or the selection redraws at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ipywidgets as W
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from ..accuracy import DEFAULT_TOLERANCES, Prepared, evaluate_prepared, mismatch_key, prepare
+from ..checks import TooLargeError
+from ..config import DecodeCase, InputDist
+from ..plots.accuracy import TABLE_COLUMNS, error_histogram, metrics_table, sqnr_heatmap, value_histogram
+from ..quant import FP8_FORMATS, KV_SCHEMES, Q_SCHEMES, Fp8Scheme, concrete_names, get_kv_scheme, get_q_scheme
+
+__all__ = ["AccuracyPanel", "accuracy_panel"]
+
+STATIC = "fp8-static"  # the widget's label for fp8-static:<amax>, with the amax from its own box
+PROGRESS_ABOVE_TOKENS = 8192  # bigger cases show a progress bar
+_STD_OPTIONS = [
+    ("distribution default", 0.0),
+    ("0.002", 0.002),
+    ("0.02", 0.02),
+    ("0.2", 0.2),
+    ("1", 1.0),
+    ("10", 10.0),
+    ("100", 100.0),
+    ("300", 300.0),
+]
+
+
+def _replace(fig: go.FigureWidget, fresh: go.Figure) -> None:
+    with fig.batch_update():
+        fig.data = []
+        for tr in fresh.data:
+            fig.add_trace(tr)
+        fig.layout = fresh.layout
+
+
+@dataclass
+class AccuracyPanel:
+    """Handles to every control and output, so tests can drive the panel from Python."""
+
+    batch: W.IntSlider
+    kv_len: W.Dropdown
+    q_len: W.Dropdown
+    dist: W.Dropdown
+    std: W.Dropdown
+    fp8_format: W.Dropdown
+    q_scheme: W.Dropdown
+    kv_schemes: W.SelectMultiple
+    static_amax: W.BoundedFloatText
+    tolerance: W.Dropdown
+    message: W.HTML
+    status: W.HTML
+    progress: W.IntProgress
+    table: go.FigureWidget
+    heatmap: go.FigureWidget
+    errors: go.FigureWidget
+    q_values: go.FigureWidget
+    kv_values: go.FigureWidget
+    box: W.VBox
+    records: pd.DataFrame = field(default_factory=pd.DataFrame)
+    last_seconds: float = 0.0
+    _prep: dict[Any, Prepared] = field(default_factory=dict)
+    _kv: dict[Any, torch.Tensor] = field(default_factory=dict)
+    _rec: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    _qstats: dict[Any, dict[str, float]] = field(default_factory=dict)
+
+    def _name(self, n: str) -> str:
+        return f"fp8-static:{float(self.static_amax.value):g}" if n == STATIC else n
+
+    def case(self) -> DecodeCase:
+        std = float(self.std.value)
+        return DecodeCase.uniform(
+            int(self.batch.value),
+            int(self.kv_len.value),
+            q_len=int(self.q_len.value),
+            dist=str(self.dist.value),
+            scale=std if std > 0 else None,
+        )
+
+    def _prepared(self, case: DecodeCase) -> Prepared:
+        if case not in self._prep:
+            self._prep.clear()  # one case at a time: bounded memory
+            self._kv.clear()
+            self._rec.clear()
+            self._qstats.clear()
+            self._prep[case] = prepare(case)
+        return self._prep[case]
+
+    def _record(self, p: Prepared, q: str, kv: str, fmt: str) -> dict[str, Any]:
+        key = (q, kv, fmt)
+        if key not in self._rec:
+            if (kv, fmt) not in self._kv:
+                self._kv[(kv, fmt)] = get_kv_scheme(kv, fmt).fake_quant(p.kv)
+            if ("q", q, fmt) not in self._kv:
+                qs = get_q_scheme(q, fmt)
+                self._kv[("q", q, fmt)] = qs.fake_quant(p.inputs.q)
+                self._qstats[(q, fmt)] = qs.range_stats(p.inputs.q)
+            rec = evaluate_prepared(
+                p,
+                q,
+                kv,
+                fmt,
+                tolerances=DEFAULT_TOLERANCES,
+                kv_deq=self._kv[(kv, fmt)],
+                q_deq=self._kv[("q", q, fmt)],
+                q_stats=self._qstats[(q, fmt)],
+                return_tensors=True,
+            )
+            t = rec.pop("_tensors")
+            rec["_err"] = t["out"] - t["ref"]
+            self._rec[key] = rec
+        return self._rec[key]
+
+    def update(self, *_: object) -> None:
+        t0 = time.perf_counter()
+        try:
+            case = self.case()
+            fmt = str(self.fp8_format.value)
+            kvs = [self._name(n) for n in self.kv_schemes.value]
+            if not kvs:
+                raise ValueError("select at least one KV scheme (ctrl/shift-click for several)")
+            q_sel = self._name(str(self.q_scheme.value))
+            qs = list(dict.fromkeys([*concrete_names(Q_SCHEMES), q_sel]))
+            for n in qs:
+                get_q_scheme(n, fmt)  # validate names before the heavy work
+            for n in kvs:
+                get_kv_scheme(n, fmt)
+            rt, at = self.tolerance.value
+            big = case.total_kv > PROGRESS_ABOVE_TOKENS
+            self.progress.layout.visibility = "visible" if big else "hidden"
+            self.progress.max, self.progress.value = len(qs) * len(kvs), 0
+            p = self._prepared(case)
+            recs = []
+            for kv in kvs:
+                for q in qs:
+                    recs.append(self._record(p, q, kv, fmt))
+                    self.progress.value += 1
+            df = pd.DataFrame([{k: v for k, v in r.items() if k != "_err"} for r in recs])
+            self.records = df
+            chosen = df[df.q_scheme == get_q_scheme(q_sel, fmt).name]
+            cols = [c for c in TABLE_COLUMNS if c in df] + [
+                mismatch_key(rt, at),
+                mismatch_key(rt, at, "zeros_"),
+                mismatch_key(rt, at, "meanv_"),
+            ]
+            _replace(
+                self.table, metrics_table(chosen, cols, title=f"Q scheme {q_sel}, mismatch at rtol={rt:g}, atol={at:g}")
+            )
+            _replace(self.heatmap, sqnr_heatmap(df))
+            errs = {
+                f"{r['q_scheme']} + {r['kv_scheme']}": r["_err"]
+                for r in recs
+                if r["q_scheme"] == chosen.iloc[0]["q_scheme"]
+            }
+            _replace(self.errors, error_histogram(errs, relative_to=float(chosen.iloc[0]["ref_rms"])))
+            self._values(p, q_sel, kvs, fmt)
+            zeros = float(chosen.iloc[0][mismatch_key(rt, at, "zeros_")])
+            warn = (
+                " <b>An all-zeros output passes this tolerance: it cannot see errors at this input scale.</b>"
+                if zeros == 0
+                else ""
+            )
+            self.message.value = (
+                f"{case.short_str()}: reference RMS {float(chosen.iloc[0]['ref_rms']):.3g}, "
+                f"max |o| {float(chosen.iloc[0]['ref_max_abs']):.3g}.{warn}"
+            )
+        except (ValueError, TypeError, TooLargeError) as e:  # show the problem in the panel, never a traceback
+            self.message.value = f"<span style='color:#b00'>⚠ {e}</span>"
+        finally:
+            self.progress.layout.visibility = "hidden"
+            self.last_seconds = time.perf_counter() - t0
+            self.status.value = f"<small>updated in {self.last_seconds:.2f} s</small>"
+
+    def _values(self, p: Prepared, q_sel: str, kvs: list[str], fmt: str) -> None:
+        qs = get_q_scheme(q_sel, fmt)
+        if isinstance(qs, Fp8Scheme):
+            _replace(self.q_values, value_histogram(qs.scaled_values(p.inputs.q), fmt, title=f"q / scale ({q_sel})"))
+        else:
+            _replace(self.q_values, value_histogram(p.inputs.q, fmt, title="q, direct cast (scale 1)"))
+        kv_fp8 = next((n for n in kvs if isinstance(get_kv_scheme(n, fmt), Fp8Scheme)), "fp8-tensor")
+        ks = get_kv_scheme(kv_fp8, fmt)
+        assert isinstance(ks, Fp8Scheme)
+        _replace(self.kv_values, value_histogram(ks.scaled_values(p.kv), fmt, title=f"kv / scale ({kv_fp8})"))
+
+
+def accuracy_panel(
+    batch: int = 4,
+    kv_len: int = 1024,
+    dist: str = "competition",
+    fp8_format: str = "e4m3fn",
+    q_scheme: str = "fp8-tensor",
+    kv_schemes: tuple[str, ...] = ("bf16", "fp8-tensor", "mxfp4-aiter"),
+) -> AccuracyPanel:
+    """Build the panel and compute its first state. Display ``panel.box``."""
+    style = {"description_width": "150px"}
+    lay = W.Layout(width="360px")
+    b = W.IntSlider(
+        value=batch, min=1, max=64, description="batch (requests)", style=style, layout=lay, continuous_update=False
+    )
+    L = W.Dropdown(
+        options=[64, 256, 512, 1024, 2048, 4096, 8192, 16384],
+        value=kv_len,
+        description="kv_len (tokens)",
+        style=style,
+        layout=lay,
+    )
+    ql = W.Dropdown(options=[1, 2, 4], value=1, description="q_len (tokens/request)", style=style, layout=lay)
+    d = W.Dropdown(
+        options=[x.value for x in InputDist], value=dist, description="input distribution", style=style, layout=lay
+    )
+    sd = W.Dropdown(options=_STD_OPTIONS, value=0.0, description="input std (× randn)", style=style, layout=lay)
+    f = W.Dropdown(options=list(FP8_FORMATS), value=fp8_format, description="fp8 flavour", style=style, layout=lay)
+    q_opts = [*concrete_names(Q_SCHEMES), STATIC]
+    kv_opts = [*concrete_names(KV_SCHEMES), STATIC]
+    q = W.Dropdown(options=q_opts, value=q_scheme, description="Q scheme", style=style, layout=lay)
+    kv = W.SelectMultiple(
+        options=kv_opts, value=tuple(kv_schemes), rows=6, description="KV schemes (multi)", style=style, layout=lay
+    )
+    amax = W.BoundedFloatText(
+        value=0.1, min=1e-6, max=1e6, description="static amax (|x| units)", style=style, layout=lay
+    )
+    tol = W.Dropdown(
+        options=[(f"rtol {r:g}, atol {a:g}", (r, a)) for r, a in DEFAULT_TOLERANCES],
+        value=DEFAULT_TOLERANCES[0],
+        description="tolerance",
+        style=style,
+        layout=lay,
+    )
+    msg, status = W.HTML(), W.HTML()
+    prog = W.IntProgress(value=0, min=0, max=1, description="computing", layout=W.Layout(visibility="hidden"))
+    figs = [go.FigureWidget() for _ in range(5)]
+    controls = W.HBox([W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol])])
+    box = W.VBox([controls, prog, msg, status, figs[0], figs[1], figs[2], W.HBox([figs[3], figs[4]])])
+    panel = AccuracyPanel(b, L, ql, d, sd, f, q, kv, amax, tol, msg, status, prog, *figs, box)
+    for w in (b, L, ql, d, sd, f, q, kv, amax, tol):
+        w.observe(panel.update, names="value")
+    panel.update()
+    return panel
+
+
+def main() -> None:
+    """Demo: build the panel headless and print the time of the first update and its heatmap size."""
+    p = accuracy_panel()
+    print(f"first update {p.last_seconds:.2f} s; heatmap {len(p.heatmap.data[0].y)} Q × {len(p.heatmap.data[0].x)} KV")
+    p.tolerance.value = DEFAULT_TOLERANCES[1]
+    print(f"tolerance change {p.last_seconds:.2f} s; message: {p.message.value[:80]}")
+
+
+if __name__ == "__main__":
+    main()
