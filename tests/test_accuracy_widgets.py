@@ -1,0 +1,91 @@
+"""The notebook-02 panel driven from Python, its figure builders, and the notebook executed headless."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from mlalab.accuracy import direct_cast_demo, vacuous_check_demo
+from mlalab.plots.accuracy import error_histogram, metrics_table, sqnr_heatmap, value_histogram
+from mlalab.widgets.accuracy import accuracy_panel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def panel():  # type: ignore[no-untyped-def]
+    return accuracy_panel(batch=1, kv_len=64, kv_schemes=("bf16", "fp8-tensor"))
+
+
+def test_panel_first_state(panel) -> None:  # type: ignore[no-untyped-def]
+    assert "⚠" not in panel.message.value
+    hm = panel.heatmap.data[0]
+    assert list(hm.x) == ["bf16", "fp8-tensor"] and len(hm.y) == 8
+    assert len(panel.errors.data) == 2 and len(panel.table.data) == 1
+
+
+def test_panel_controls_change_figures(panel) -> None:  # type: ignore[no-untyped-def]
+    before = tuple(panel.heatmap.data[0].x)
+    panel.kv_schemes.value = ("bf16", "fp8-tensor", "mxfp4-aiter")
+    assert tuple(panel.heatmap.data[0].x) != before and "mxfp4-aiter" in panel.heatmap.data[0].x
+    cells = panel.table.data[0].header.values
+    panel.tolerance.value = (1e-1, 5e-2)
+    assert panel.table.data[0].header.values != cells and "mismatch@0.1,0.05" in panel.table.data[0].header.values
+    t0 = panel.q_values.layout.title.text
+    panel.q_scheme.value = "fp8-direct"
+    assert panel.q_values.layout.title.text != t0
+
+
+def test_panel_invalid_input_shows_message(panel) -> None:  # type: ignore[no-untyped-def]
+    panel.kv_schemes.value = ()
+    assert "⚠" in panel.message.value and "KV scheme" in panel.message.value
+    panel.kv_schemes.value = ("bf16",)
+    assert "⚠" not in panel.message.value
+    panel.std.value = 100.0
+    panel.fp8_format.value = "e4m3fnuz"
+    panel.q_scheme.value = "fp8-direct"
+    nan = panel.records[panel.records.q_scheme == "fp8-direct"].nan_count.iloc[0]
+    assert nan > 0  # the overflow shows as NaN in the table, not as an exception
+
+
+def test_demos() -> None:
+    vac = vacuous_check_demo(batch=1, kv_len=256)
+    assert vac[vac.dist == "competition"]["zeros passes"].all()
+    assert not vac[vac.dist == "unit"]["zeros passes"].any()
+    dc = direct_cast_demo(stds=(0.02, 100.0), batch=1, kv_len=64)
+    row = dc[(dc["q std"] == 100.0) & (dc.fp8 == "e4m3fnuz")].iloc[0]
+    assert row["NaN outputs"] > 0 and row.verdict.startswith("NaN")
+    assert dc[(dc["q std"] == 0.02) & (dc.fp8 == "e4m3fn")].iloc[0]["q subnormal (direct)"] > 0.5
+    with pytest.raises(ValueError, match="stds"):
+        direct_cast_demo(stds=(-1.0,))
+
+
+def test_plot_builders_validate() -> None:
+    with pytest.raises(ValueError, match="kv_scheme"):
+        sqnr_heatmap(pd.DataFrame({"q_scheme": ["a"], "sqnr_db": [1.0]}))
+    with pytest.raises(ValueError, match="columns"):
+        metrics_table(pd.DataFrame({"a": [1]}), ["b"])
+    with pytest.raises(ValueError):
+        error_histogram({})
+    with pytest.raises(ValueError, match="scale"):
+        value_histogram(torch.ones(3), "e4m3fn", scale=0.0)
+    fig = value_histogram(torch.tensor([1e-4, 1.0, 500.0]), "e4m3fn")
+    assert "33.3% subnormal" in fig.layout.title.text and "33.33% overflow" in fig.layout.title.text
+
+
+@pytest.mark.slow
+def test_notebook_executes_headless() -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    path = ROOT / "notebooks" / "02_fp8_quantization_error.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "store the notebook without outputs"
+    client = nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
+    client.execute()
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "zeros pass every tolerance: True" in text
