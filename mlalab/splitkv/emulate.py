@@ -30,6 +30,7 @@ class WorkTrace:
     cu: int
     batch: int
     partial_row: int  # -1: wrote the final output directly
+    q_rows: tuple[int, int]  # global q rows [qo_start, qo_end)
     kv_start: int  # positions in kv_indices
     kv_end: int
     tokens: tuple[int, int]  # token range within the request
@@ -189,7 +190,7 @@ def emulate_plan(
             else:
                 part_out[slot : slot + qe - qs], part_lse[slot : slot + qe - qs] = o, l
             if trace:
-                works_tr.append(WorkTrace(w, c, b, slot, ks, ke, (t0, t1), m, l, o.norm(dim=-1)))
+                works_tr.append(WorkTrace(w, c, b, slot, (qs, qe), ks, ke, (t0, t1), m, l, o.norm(dim=-1)))
     # Reduce: tiles with < 2 entries are skipped (their request was written directly).
     red_tr: list[ReduceTrace] = []
     rip = plan.reduce_indptr.tolist()
