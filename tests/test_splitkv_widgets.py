@@ -43,8 +43,9 @@ def test_panel_controls_change_figures_and_show_errors() -> None:
     assert err < 1e-12
     p.controls["request"].value = 2
     assert p.figures["step"].layout.title.text.startswith("Request 2")
-    good = p.plan
     p.controls["target"].value = "custom"
+    good = p.plan
+    assert good.num_cus == 64
     p.controls["cus"].value = -4
     assert "Cannot plan" in p.message.value and "CU count" in p.message.value and p.plan is good
 
