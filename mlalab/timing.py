@@ -276,9 +276,11 @@ def run_suite(
                         rec = bench_one(be, x, prec, planner=pl, copy_tbps=bw, env=env, refs=refs,
                                         calls_per_graph=calls_per_graph, replays=replays, **c)  # fmt: skip
                     recs.append(rec)
-                    log(f"{be:16s} {pl:10s} {prec:6s} {rec.config:40s} B={B:4d} L={L:5d} {rec.us_median:9.2f} us "
+                    log(
+                        f"{be:16s} {pl:10s} {prec:6s} {rec.config:40s} B={B:4d} L={L:5d} {rec.us_median:9.2f} us "
                         f"{rec.tbps:5.2f} TB/s {rec.pct_copy:5.1f}% err {rec.err_vs_exact:.2e} "
-                        f"(quant {rec.err_quant_emulated:.2e}, vs emul {rec.err_vs_emulated:.2e}) {rec.status}")  # fmt: skip
+                        f"(quant {rec.err_quant_emulated:.2e}, vs emul {rec.err_vs_emulated:.2e}) {rec.status}"
+                    )
         del x, refs
         torch.cuda.empty_cache()
     return recs

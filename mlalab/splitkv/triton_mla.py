@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class Precision(str, enum.Enum):
+class Precision(str, enum.Enum):  # noqa: UP042
     """Which operands are fp8 (per-tensor scales) and which stay bf16."""
 
     A8W8 = "a8w8"  # fp8 q, fp8 KV: the competition reference's numerics
