@@ -48,6 +48,7 @@ class ReportOptions:
     kv_len: int = 1024
     batch: int = 4
     target: str = "mi300x"
+    planner: str = "aiter-fast"
     seed: int = 0
     data_dir: Path = field(default_factory=default_data_dir)
     title: str = "mlalab report — DeepSeek-R1 MLA decode"
@@ -57,6 +58,8 @@ class ReportOptions:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(self.planner, str) or not self.planner:
+            raise ValueError(f"planner must be a planner name, got {self.planner!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise TypeError(f"seed must be an int, got {type(self.seed).__name__}")
         if not isinstance(self.target, str) or self.target.lower() not in GPU_TARGETS:
@@ -142,11 +145,61 @@ def section_accuracy(opts: ReportOptions) -> Section:
     return Section(key, title, desc, (fig,), source="mlalab.accuracy.sweep → mlalab.plots.accuracy.sqnr_heatmap")
 
 
+def section_workmap(opts: ReportOptions) -> Section:
+    key, title = "workmap", "Persistent split-KV: work map per CU"
+    tgt = GPU_TARGETS[opts.target.lower()]
+    desc = (
+        f"Work items of planner '{opts.planner}' on {tgt.name} ({tgt.num_cus} CUs) for batch {opts.batch} × kv_len "
+        f"{opts.kv_len}: which CU processes which KV range of which request, and the KV tokens each CU reads."
+    )
+    try:
+        indptrs_for, make_plan = _import("mlalab.splitkv", "indptrs_for", "make_plan")
+        work_map, cu_load = _import("mlalab.plots.splitkv", "work_map_figure", "cu_load_figure")
+    except (ImportError, AttributeError) as e:
+        return _unavailable(key, title, desc, f"figure builder missing: {e}")
+    qo, kv = indptrs_for([opts.kv_len] * opts.batch)  # type: ignore[operator]
+    plan = make_plan(opts.planner, qo, kv, opts.target.lower())  # type: ignore[operator]
+    figs = (work_map(plan), cu_load(plan))  # type: ignore[operator]
+    return Section(key, title, desc, figs, source="mlalab.plots.splitkv.work_map_figure, cu_load_figure")
+
+
+# Series of the timing figures, in legend order; those without records are left out (and listed in the text).
+TIMING_SERIES = (("triton", "a8w8"), ("flashmla", "a8w8"), ("flashinfer", "a16w8"), ("flashmla", "bf16"))
+
+
+def section_timings(opts: ReportOptions) -> Section:
+    key, title = "timings", "Kernel timings (recorded)"
+    tdir = opts.data_dir / "timings"
+    desc = f"Recorded measurements from {tdir} (not measured now): µs per call per shape, and achieved bandwidth."
+    try:
+        load, bars, bandwidth = _import("mlalab.plots.timing", "load_recorded", "bars_per_shape", "bandwidth_figure")
+    except (ImportError, AttributeError) as e:
+        return _unavailable(key, title, desc, f"figure builder missing: {e}")
+    try:
+        df = load(str(tdir))  # type: ignore[operator]
+    except FileNotFoundError as e:
+        return _unavailable(key, title, desc, f"no timing CSV: {e}")
+    have = set(zip(df["backend"], df["precision"]))
+    series = [s for s in TIMING_SERIES if s in have]
+    if not series:
+        return _unavailable(key, title, desc, f"no records of {TIMING_SERIES} in {tdir}")
+    gpus = ", ".join(sorted(df["gpu"].astype(str).unique())) if "gpu" in df else "?"
+    dates = ", ".join(sorted(df["date"].astype(str).unique())) if "date" in df else "?"
+    missing = [f"{b} {p}" for b, p in TIMING_SERIES if (b, p) not in have]
+    desc += f" Device: {gpus}; dates: {dates}; files: {', '.join(sorted(df['run'].unique()))}."
+    if missing:
+        desc += f" No records for: {', '.join(missing)}."
+    figs = (bars(df, series), bandwidth(df, series))  # type: ignore[operator]
+    return Section(key, title, desc, figs, source="mlalab.plots.timing.bars_per_shape, bandwidth_figure")
+
+
 SectionBuilder = Callable[[ReportOptions], Section]
 
 # Order of the page. Other topics register their section function here as they land.
 SECTION_BUILDERS: dict[str, SectionBuilder] = {
     "accuracy": section_accuracy,
+    "workmap": section_workmap,
+    "timings": section_timings,
     "floor": section_floor,
 }
 

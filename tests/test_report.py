@@ -91,6 +91,21 @@ def test_floor_figure_is_the_builders(report: tuple[str, list[Section]]) -> None
     assert [list(t.y) for t in s.figures[0].data] == [list(t.y) for t in want.data]
 
 
+@pytest.mark.slow  # builds every section once (the accuracy sweep: ~5-10 s on 2 cores)
+def test_timings_come_from_the_recorded_csvs(report: tuple[str, list[Section]]) -> None:
+    """Every bar of the timing section is a recorded median from data/timings (nothing measured or invented)."""
+    _, sections = report
+    s = next(s for s in sections if s.key == "timings")
+    if s.unavailable:
+        pytest.skip(s.unavailable)
+    import pandas as pd
+
+    csvs = sorted((ReportOptions().data_dir / "timings").glob("*.csv"))
+    recorded = set(pd.concat([pd.read_csv(f) for f in csvs])["us_median"].round(9))
+    bars = [t for t in s.figures[0].data if t.type == "bar"]
+    assert bars and all(round(float(y), 9) in recorded for t in bars for y in t.y)
+
+
 def test_render_embeds_the_figure_data() -> None:
     fig = go.Figure(go.Bar(x=["a", "b"], y=[1.25, 2.5]))
     text = render_html([Section("x", "X", "desc", (fig,)), Section("y", "Y", "d", unavailable="no data: test")])
@@ -129,6 +144,8 @@ def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "kv_len" in capsys.readouterr().err
     assert cli(["report", "--out", str(tmp_path / "r.html"), "--sections", "floor,nope"]) == 2
     assert "unknown section" in capsys.readouterr().err
+    assert cli(["report", "--out", str(tmp_path / "r.html"), "--sections", "workmap", "--planner", "nope"]) == 2
+    assert "planner" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

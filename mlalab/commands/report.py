@@ -19,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-len", type=int, default=1024, help="KV tokens per request for computed figures (default 1024)")
     p.add_argument("--batch", type=int, default=4, help="requests per batch for computed figures (default 4)")
     p.add_argument("--target", default="mi300x", choices=sorted(GPU_TARGETS), help="GPU target of the work map")
+    p.add_argument("--planner", default="aiter-fast", help="split-KV planner of the work map (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", type=Path, default=None, help="recorded measurements (default: the repo's data/)")
     p.add_argument(
@@ -39,6 +40,7 @@ def run(a: argparse.Namespace) -> int:
         kv_len=a.kv_len,
         batch=a.batch,
         target=a.target,
+        planner=a.planner,
         seed=a.seed,
         data_dir=a.data_dir if a.data_dir is not None else default_data_dir(),
     )

@@ -59,9 +59,10 @@ class Move:
 
 # Which control each notebook's test moves (name prefix -> moves, applied to the first panel with a figure).
 MOVES: dict[str, tuple[Move, ...]] = {
-    "01_": (Move("slider", key="ArrowLeft", presses=4),),
-    "02_": (Move("dropdown", index=0),),
-    "03_": (Move("slider", key="ArrowRight", presses=1),),
+    "01_": (Move("slider", key="ArrowLeft", presses=4),),  # batch 32 -> 28
+    "02_": (Move("slider", key="ArrowLeft"), Move("dropdown", index=4)),  # batch 4 -> 3, then the fp8 flavour
+    "03_": (Move("slider", key="ArrowRight"),),  # batch: the plan and its work map change
+    "04_": (Move("dropdown", index=0),),  # precision
 }
 
 
