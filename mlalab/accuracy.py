@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from . import __version__
-from .config import DecodeCase
+from .config import DecodeCase, MLAConfig
 from .inputs import DecodeInputs, make_inputs
 from .quant import get_fp8_format, get_kv_scheme, get_q_scheme
 from .reference import decode_reference
@@ -35,6 +35,7 @@ __all__ = [
     "prepare",
     "evaluate",
     "evaluate_prepared",
+    "decode_q_variants",
     "output_metrics",
     "mismatch_fraction",
     "mismatch_key",
@@ -149,17 +150,23 @@ def evaluate_prepared(
     kv_deq: torch.Tensor | None = None,
     q_deq: torch.Tensor | None = None,
     q_stats: dict[str, float] | None = None,
+    decoded: tuple[torch.Tensor, torch.Tensor] | None = None,
     return_tensors: bool = False,
 ) -> dict[str, Any]:
-    """`evaluate` on a prepared case; `kv_deq` / `q_deq` / `q_stats` (the Q scheme's ``range_stats``) let a
-    sweep or a panel reuse work that depends on one side only."""
+    """`evaluate` on a prepared case; `kv_deq` / `q_deq` / `q_stats` (the Q scheme's ``range_stats``) and
+    `decoded` (the fp64 ``(out, lse)`` of the dequantized inputs) let a sweep or a panel reuse work."""
     tols = _check_tolerances(tolerances)
     fmt = get_fp8_format(fp8_format)
     qs, ks = get_q_scheme(q_scheme, fmt.name), get_kv_scheme(kv_scheme, fmt.name)
     x = p.inputs
     qd = qs.fake_quant(x.q) if q_deq is None else q_deq
     kd = ks.fake_quant(p.kv) if kv_deq is None else kv_deq
-    out, lse = decode_reference(qd, kd, x.qo_indptr, p.kv_indptr, allow_nonfinite=True)
+    if decoded is None:
+        out, lse = decode_reference(qd, kd, x.qo_indptr, p.kv_indptr, allow_nonfinite=True)
+    else:
+        out, lse = decoded
+        if out.shape != p.ref_out.shape or lse.shape != p.ref_lse.shape:
+            raise ValueError("decoded (out, lse) must have the reference's shapes")
     out_bf16 = out.to(torch.bfloat16).double()  # kernels return bf16
     case = p.case
     rec: dict[str, Any] = {
@@ -198,6 +205,25 @@ def evaluate_prepared(
     if return_tensors:
         rec["_tensors"] = {"out": out_bf16, "ref": p.ref_out, "q_deq": qd, "kv_deq": kd}
     return rec
+
+
+def decode_q_variants(
+    p: Prepared, q_deqs: Sequence[torch.Tensor], kv_deq: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """fp64 decode of several dequantized q against one dequantized KV in a single `decode_reference` call.
+
+    Heads never interact in attention, so the q variants are stacked along the head axis (an MLAConfig with
+    16·k heads; sm_scale depends only on the 576 dims) and split afterwards: the same numbers as k separate
+    calls, with the KV converted to fp64 once and one larger matrix product."""
+    if not q_deqs:
+        raise ValueError("q_deqs must hold at least one tensor")
+    cfg = p.case.config
+    h = cfg.num_heads
+    stacked = torch.cat(list(q_deqs), dim=1)
+    big = MLAConfig(num_heads=h * len(q_deqs), kv_lora_rank=cfg.kv_lora_rank, rope_dim=cfg.rope_dim)
+    x = p.inputs
+    out, lse = decode_reference(stacked, kv_deq, x.qo_indptr, p.kv_indptr, config=big, allow_nonfinite=True)
+    return [(out[:, i * h : (i + 1) * h], lse[:, i * h : (i + 1) * h]) for i in range(len(q_deqs))]
 
 
 def evaluate(
@@ -264,9 +290,12 @@ def sweep(
                 qst = {n: get_q_scheme(n, f).range_stats(p.inputs.q) for n in qn}
                 for k in kn:
                     kd = _fake_quant_kv(p, k, f)
+                    dec = dict(zip(qn, decode_q_variants(p, [qd[n] for n in qn], kd)))
                     for n in qn:
                         rows.append(
-                            evaluate_prepared(p, n, k, f, tolerances=tols, kv_deq=kd, q_deq=qd[n], q_stats=qst[n])
+                            evaluate_prepared(
+                                p, n, k, f, tolerances=tols, kv_deq=kd, q_deq=qd[n], q_stats=qst[n], decoded=dec[n]
+                            )
                         )
                         if bar is not None:
                             bar.update(1)
@@ -294,6 +323,9 @@ def save_table(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
                 df.to_parquet(tmp, index=False)
             except ImportError as e:
                 raise ValueError(f"writing Parquet needs pyarrow ({e}); use a .csv path") from None
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, p)
     finally:
         if os.path.exists(tmp):

@@ -124,3 +124,28 @@ def test_cli_sweep_writes_table(tmp_path: object, capsys: pytest.CaptureFixture[
     assert rc == 0
     df = pd.read_csv(out)
     assert len(df) == 2 * 10 and set(df.kv_len) == {32, 64}
+
+
+def test_stacked_q_variants_equal_separate_decodes() -> None:
+    from mlalab.accuracy import decode_q_variants
+    from mlalab.quant import get_kv_scheme, get_q_scheme
+    from mlalab.reference import decode_reference
+
+    p = prepare(DecodeCase(kv_lens=(5, 40, 17), q_len=2))
+    kd = get_kv_scheme("fp8-token").fake_quant(p.kv)
+    qds = [get_q_scheme(n).fake_quant(p.inputs.q) for n in ("bf16", "fp8-direct", "fp8-block128")]
+    for (out, lse), qd in zip(decode_q_variants(p, qds, kd), qds):
+        o1, l1 = decode_reference(qd, kd, p.inputs.qo_indptr, p.kv_indptr)
+        assert torch.allclose(out, o1, rtol=1e-12, atol=1e-15) and torch.allclose(lse, l1, rtol=1e-12)
+
+
+def test_save_parquet_or_clear_error(tmp_path: object) -> None:
+    df = pd.DataFrame({"a": [1.0]})
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="pyarrow"):
+            save_table(df, tmp_path / "t.parquet")  # type: ignore[operator]
+        assert not list(tmp_path.iterdir())  # type: ignore[attr-defined]
+    else:
+        assert pd.read_parquet(save_table(df, tmp_path / "t.parquet")).equals(df)  # type: ignore[operator]

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from ..accuracy import DEFAULT_TOLERANCES, Prepared, evaluate_prepared, mismatch_key, prepare
+from ..accuracy import DEFAULT_TOLERANCES, Prepared, decode_q_variants, evaluate_prepared, mismatch_key, prepare
 from ..checks import TooLargeError
 from ..config import DecodeCase, InputDist
 from ..plots.accuracy import TABLE_COLUMNS, error_histogram, metrics_table, sqnr_heatmap, value_histogram
@@ -97,30 +97,36 @@ class AccuracyPanel:
             self._prep[case] = prepare(case)
         return self._prep[case]
 
-    def _record(self, p: Prepared, q: str, kv: str, fmt: str) -> dict[str, Any]:
-        key = (q, kv, fmt)
-        if key not in self._rec:
+    def _records(self, p: Prepared, qs: list[str], kv: str, fmt: str) -> list[dict[str, Any]]:
+        """Records of every Q scheme with one KV scheme; missing ones are decoded together in one call."""
+        missing = [q for q in qs if (q, kv, fmt) not in self._rec]
+        if missing:
             if (kv, fmt) not in self._kv:
                 self._kv[(kv, fmt)] = get_kv_scheme(kv, fmt).fake_quant(p.kv)
-            if ("q", q, fmt) not in self._kv:
-                qs = get_q_scheme(q, fmt)
-                self._kv[("q", q, fmt)] = qs.fake_quant(p.inputs.q)
-                self._qstats[(q, fmt)] = qs.range_stats(p.inputs.q)
-            rec = evaluate_prepared(
-                p,
-                q,
-                kv,
-                fmt,
-                tolerances=DEFAULT_TOLERANCES,
-                kv_deq=self._kv[(kv, fmt)],
-                q_deq=self._kv[("q", q, fmt)],
-                q_stats=self._qstats[(q, fmt)],
-                return_tensors=True,
-            )
-            t = rec.pop("_tensors")
-            rec["_err"] = t["out"] - t["ref"]
-            self._rec[key] = rec
-        return self._rec[key]
+            for q in missing:
+                if ("q", q, fmt) not in self._kv:
+                    sch = get_q_scheme(q, fmt)
+                    self._kv[("q", q, fmt)] = sch.fake_quant(p.inputs.q)
+                    self._qstats[(q, fmt)] = sch.range_stats(p.inputs.q)
+            kd = self._kv[(kv, fmt)]
+            decoded = decode_q_variants(p, [self._kv[("q", q, fmt)] for q in missing], kd)
+            for q, dec in zip(missing, decoded):
+                rec = evaluate_prepared(
+                    p,
+                    q,
+                    kv,
+                    fmt,
+                    tolerances=DEFAULT_TOLERANCES,
+                    kv_deq=kd,
+                    q_deq=self._kv[("q", q, fmt)],
+                    q_stats=self._qstats[(q, fmt)],
+                    decoded=dec,
+                    return_tensors=True,
+                )
+                t = rec.pop("_tensors")
+                rec["_err"] = t["out"] - t["ref"]
+                self._rec[(q, kv, fmt)] = rec
+        return [self._rec[(q, kv, fmt)] for q in qs]
 
     def update(self, *_: object) -> None:
         t0 = time.perf_counter()
@@ -139,13 +145,12 @@ class AccuracyPanel:
             rt, at = self.tolerance.value
             big = case.total_kv > PROGRESS_ABOVE_TOKENS
             self.progress.layout.visibility = "visible" if big else "hidden"
-            self.progress.max, self.progress.value = len(qs) * len(kvs), 0
+            self.progress.max, self.progress.value = len(kvs), 0
             p = self._prepared(case)
             recs = []
             for kv in kvs:
-                for q in qs:
-                    recs.append(self._record(p, q, kv, fmt))
-                    self.progress.value += 1
+                recs.extend(self._records(p, qs, kv, fmt))
+                self.progress.value += 1
             df = pd.DataFrame([{k: v for k, v in r.items() if k != "_err"} for r in recs])
             self.records = df
             chosen = df[df.q_scheme == get_q_scheme(q_sel, fmt).name]
