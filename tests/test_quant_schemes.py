@@ -54,6 +54,7 @@ def _mx_test_data() -> torch.Tensor:
     return x
 
 
+@pytest.mark.slow  # the first torchao import takes several seconds
 @pytest.mark.parametrize("rule,mode", [("even", "EVEN"), ("floor", "FLOOR"), ("rceil", "RCEIL")])
 def test_mxfp4_matches_torchao(rule: str, mode: str) -> None:
     to_mx, S, _, _ = _torchao()
@@ -64,6 +65,7 @@ def test_mxfp4_matches_torchao(rule: str, mode: str) -> None:
     assert torch.equal(packed, ao_data.view(torch.uint8)), rule
 
 
+@pytest.mark.slow
 def test_nvfp4_matches_torchao() -> None:
     _, _, ao_nvfp4, per_tensor_amax_to_scale = _torchao()
     x = _mx_test_data()[:, :512].contiguous()
@@ -168,6 +170,17 @@ def test_block128_last_block_is_64_wide() -> None:
     assert sc.shape == (40, 1, 5, 1)
     assert torch.allclose(sc[:, 0, 4, 0], torch.full((40,), 3.0 / 448))
     assert s.bytes_per_token == 576 + 5 * 4
+
+
+def test_block_size_not_dividing_576_gets_a_shorter_last_block() -> None:
+    s = get_kv_scheme("fp8-block100")  # documented: 5 x 100 + one block of 76, not an error
+    x = KV.float().clone()
+    x[:, 0, 560] = 2.0
+    sc = s.scales(x)
+    assert sc.shape == (40, 1, 6, 1) and torch.allclose(sc[:, 0, 5, 0], torch.full((40,), 2.0 / 448))
+    assert s.fake_quant(x).shape == x.shape and s.bytes_per_token == 576 + 6 * 4
+    with pytest.raises(ValueError, match="fp8-block"):
+        get_kv_scheme("fp8-blockX")
 
 
 def test_flashmla_v32_keeps_rope_bf16_and_pow2_scales() -> None:
