@@ -222,7 +222,7 @@ def get_target(name_or_cus: str | int | GpuTarget) -> GpuTarget:
         return name_or_cus
     if isinstance(name_or_cus, bool):
         raise TypeError("target must be a name or a CU count, not a bool")
-    if isinstance(name_or_cus, int) or (isinstance(name_or_cus, str) and name_or_cus.strip().isdigit()):
+    if isinstance(name_or_cus, int) or (isinstance(name_or_cus, str) and name_or_cus.strip().lstrip("+-").isdigit()):
         n = int(name_or_cus)
         if n < 1:
             raise ValueError(f"a target's CU count must be >= 1, got {n}")
