@@ -370,7 +370,8 @@ def direct_cast_demo(
 ) -> pd.DataFrame:
     """When is the seeds' ``q.to(fp8)`` (scale 1) safe? Per q std (kv keeps the competition's 0.02) and fp8
     flavour: q amax, the share of q in fp8's subnormal range and beyond its max, and the output error of the
-    direct cast next to per-tensor scaling (both with per-tensor fp8 KV)."""
+    direct cast (as torch casts: NaN on fnuz overflow), of the direct cast with a clamp, and of per-tensor
+    scaling (all with per-tensor fp8 KV)."""
     if not stds or any(not (isinstance(s, (int, float)) and s > 0) for s in stds):
         raise ValueError(f"stds must be positive numbers, got {stds!r}")
     rows = []
@@ -391,6 +392,7 @@ def direct_cast_demo(
         )
         for f in fp8_formats:
             d = evaluate_prepared(pq, "fp8-direct", "fp8-tensor", f)
+            ds = evaluate_prepared(pq, "fp8-direct-sat", "fp8-tensor", f)
             t = evaluate_prepared(pq, "fp8-tensor", "fp8-tensor", f)
             if d["nan_count"] > 0:
                 verdict = "NaN: values past the max become NaN (torch's cast on this format)"
@@ -409,6 +411,7 @@ def direct_cast_demo(
                     "q subnormal (direct)": d["q_direct_subnormal_frac"],
                     "q overflow (direct)": d["q_direct_overflow_frac"],
                     "rel-L2 direct": d["rel_l2"],
+                    "rel-L2 direct, clamped": ds["rel_l2"],
                     "rel-L2 per-tensor": t["rel_l2"],
                     "NaN outputs": d["nan_count"],
                     "verdict": verdict,

@@ -47,6 +47,8 @@ def test_direct_cast_overflow_nan_on_fnuz_only() -> None:
     assert fnuz["mismatch@0.02,0.008"] > 0  # NaN counts as a mismatch
     fn = evaluate(case, "fp8-direct", "bf16", "e4m3fn")
     assert fn["nan_count"] == 0 and fn["q_direct_overflow_frac"] == 0
+    clamped = evaluate(case, "fp8-direct-sat", "bf16", "e4m3fnuz")
+    assert clamped["nan_count"] == 0 and clamped["q_overflow_rule"] == "saturate"
     sat = evaluate(case, "fp8-tensor", "bf16", "e4m3fnuz")
     assert sat["nan_count"] == 0 and sat["q_overflow_frac"] == 0
 

@@ -313,6 +313,7 @@ KVScheme = Bf16Scheme | Fp8Scheme | FlashMLAV32Scheme | MxFp4Scheme | NvFp4Schem
 Q_SCHEMES: tuple[str, ...] = (
     "bf16",
     "fp8-direct",
+    "fp8-direct-sat",  # the same shortcut with an explicit clamp to ±fp8_max first
     "fp8-tensor",
     "fp8-tensor-bf16math",
     "fp8-token",
@@ -349,6 +350,8 @@ def _parse_fp8(name: str, fmt: Fp8Format) -> Fp8Scheme | None:
         g = _FP8_GRAN[name]
         # The direct cast reproduces torch's own .to(): e4m3fn saturates, fnuz -> NaN, e5m2 -> inf.
         return Fp8Scheme(name, fmt, g, overflow=fmt.cast_overflow if g is Granularity.DIRECT else "saturate")
+    if name == "fp8-direct-sat":
+        return Fp8Scheme(name, fmt, Granularity.DIRECT, overflow="saturate")
     if name == "fp8-tensor-bf16math":
         return Fp8Scheme(name, fmt, Granularity.TENSOR, math="bf16")
     if name.startswith("fp8-block"):
