@@ -13,6 +13,7 @@ import importlib
 import os
 import platform
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,8 +205,13 @@ SECTION_BUILDERS: dict[str, SectionBuilder] = {
 }
 
 
-def build_sections(opts: ReportOptions | None = None, keys: Sequence[str] | None = None) -> list[Section]:
-    """Build the report's sections (all, or those named in `keys`, in page order)."""
+def build_sections(
+    opts: ReportOptions | None = None,
+    keys: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Section]:
+    """Build the report's sections (all, or those named in `keys`, in page order). `progress(line)` is told
+    when each section starts and how long it took (the accuracy sweep takes seconds)."""
     opts = ReportOptions() if opts is None else opts
     if not isinstance(opts, ReportOptions):
         raise TypeError(f"opts must be a ReportOptions, got {type(opts).__name__}")
@@ -213,7 +219,18 @@ def build_sections(opts: ReportOptions | None = None, keys: Sequence[str] | None
         unknown = [k for k in keys if k not in SECTION_BUILDERS]
         if unknown:
             raise ValueError(f"keys: unknown section(s) {unknown}; known: {list(SECTION_BUILDERS)}")
-    return [fn(opts) for k, fn in SECTION_BUILDERS.items() if keys is None or k in keys]
+    if progress is not None and not callable(progress):
+        raise TypeError("progress must be callable or None")
+    out = []
+    todo = [(k, fn) for k, fn in SECTION_BUILDERS.items() if keys is None or k in keys]
+    for i, (k, fn) in enumerate(todo, 1):
+        t0 = time.perf_counter()
+        if progress:
+            progress(f"[{i}/{len(todo)}] {k} ...")
+        out.append(fn(opts))
+        if progress:
+            progress(f"[{i}/{len(todo)}] {k} done in {time.perf_counter() - t0:.1f} s")
+    return out
 
 
 # --- HTML ----------------------------------------------------------------------------------------------------
@@ -276,7 +293,10 @@ def render_html(sections: Sequence[Section], opts: ReportOptions | None = None) 
 
 
 def write_report(
-    out: str | os.PathLike[str], opts: ReportOptions | None = None, keys: Sequence[str] | None = None
+    out: str | os.PathLike[str],
+    opts: ReportOptions | None = None,
+    keys: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Path, list[Section]]:
     """Build the sections (all, or `keys`) and write the page atomically (temp file in the same directory, then
     os.replace), so a reader never sees half a page."""
@@ -287,7 +307,7 @@ def write_report(
         raise ValueError(f"out must end in .html, got {str(path)!r}")
     if not path.parent.exists():
         raise ValueError(f"out: directory {str(path.parent)!r} does not exist")
-    sections = build_sections(opts, keys)
+    sections = build_sections(opts, keys, progress)
     text = render_html(sections, opts)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -128,10 +128,12 @@ def test_write_is_atomic_and_replaces(tmp_path: Path) -> None:
 def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cli.html"
     rc = cli(["report", "--out", str(out), "--kv-len", "2048", "--batch", "8", "--sections", "floor"])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert rc == 0 and out.exists()
     text = out.read_text(encoding="utf-8")
     assert "batch 8, kv_len 2048" in text and "floor" in printed
+    assert "[1/1] floor done in" in captured.err  # progress per section on stderr
     labels = floor_by_target_figure(DecodeCase.uniform(8, 2048)).data[0].text  # bar labels of B8/L2048
     assert all(json.dumps(v) in text for v in labels)
 
@@ -173,5 +175,7 @@ def test_bad_arguments() -> None:
         build_sections(keys=["nope"])
     with pytest.raises(TypeError, match="opts"):
         build_sections(opts={"kv_len": 1})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="progress"):
+        build_sections(keys=["floor"], progress=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="out"):
         write_report(123)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"comma-separated subset of: {','.join(SECTION_BUILDERS)} (default: all)",
     )
+    p.add_argument("--quiet", action="store_true", help="no per-section progress on stderr")
     p.add_argument(
         "--strict",
         action="store_true",
@@ -44,7 +45,9 @@ def run(a: argparse.Namespace) -> int:
         seed=a.seed,
         data_dir=a.data_dir if a.data_dir is not None else default_data_dir(),
     )
-    path, sections = write_report(a.out, opts, a.sections)
+    path, sections = write_report(
+        a.out, opts, a.sections, progress=None if a.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    )
     missing = [s for s in sections if s.unavailable]
     for s in sections:
         state = f"unavailable: {s.unavailable}" if s.unavailable else f"{len(s.figures)} figure(s)"
