@@ -235,6 +235,8 @@ def page(browser: object, request: pytest.FixtureRequest) -> Iterator[PageProbe]
     finally:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         name = request.node.name.replace("/", "_").replace("[", "-").replace("]", "")
+        if probe.console_errors or probe.page_errors:  # kept for diagnosis; tests assert on page_errors only
+            (ARTIFACTS / f"{name}-console.txt").write_text("\n".join(probe.page_errors + probe.console_errors))
         with contextlib.suppress(Exception):  # a crashed page cannot be photographed; the test's failure says why
             pg.screenshot(path=str(ARTIFACTS / f"{name}-final.png"), full_page=False)
         ctx.close()
