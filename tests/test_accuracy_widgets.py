@@ -90,3 +90,15 @@ def test_notebook_executes_headless() -> None:
     client.execute()
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "zeros pass every tolerance: True" in text
+
+
+def test_progress_bar_counts_kv_schemes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlalab.widgets.accuracy as wa
+
+    seen: list[str] = []
+    monkeypatch.setattr(wa, "PROGRESS_ABOVE_TOKENS", 0)  # treat every case as big
+    p = accuracy_panel(batch=1, kv_len=64, kv_schemes=("bf16", "nvfp4"))
+    p.progress.observe(lambda ch: seen.append(p.progress.layout.visibility), names="value")
+    p.kv_len.value = 256
+    assert p.progress.max == 2 and p.progress.value == 2 and "visible" in seen
+    assert p.progress.layout.visibility == "hidden"  # hidden again once done
