@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from mlalab.plots.splitkv import cu_load_figure, reduce_groups_figure, work_map_figure
 from mlalab.splitkv import indptrs_for, make_plan
 from mlalab.widgets.splitkv import split_kv_panel
@@ -48,17 +44,3 @@ def test_panel_controls_change_figures_and_show_errors() -> None:
     assert good.num_cus == 64
     p.controls["cus"].value = -4
     assert "Cannot plan" in p.message.value and "CU count" in p.message.value and p.plan is good
-
-
-@pytest.mark.slow
-def test_notebook_03_executes() -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    path = Path(__file__).parent.parent / "notebooks" / "03_split_kv_work_maps.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "store the notebook without outputs"
-    nbclient.NotebookClient(
-        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    ).execute()
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert "MI300X works/request 16" in text and "32 works; tokens per work: [16]" in text
