@@ -118,8 +118,8 @@ def split_kv_panel(
     granularity: int = 16,
 ) -> SplitKVPanel:
     """Build the panel with the given starting values; call ``display(p.panel)``."""
-    style = {"description_width": "150px"}
-    lay = W.Layout(width="360px")
+    style = {"description_width": "200px"}  # wide enough for the longest label ("balanced: overhead (tokens/work)")
+    lay = W.Layout(width="420px")
     controls: dict[str, W.ValueWidget] = {
         "target": W.Dropdown(
             options=[(f"{t.name} ({t.arch}, {t.num_cus} CUs)", k) for k, t in GPU_TARGETS.items()]
