@@ -77,21 +77,6 @@ def test_plot_builders_validate() -> None:
     assert "33.3% subnormal" in fig.layout.title.text and "33.33% overflow" in fig.layout.title.text
 
 
-@pytest.mark.slow
-def test_notebook_executes_headless() -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    path = ROOT / "notebooks" / "02_fp8_quantization_error.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "store the notebook without outputs"
-    client = nbclient.NotebookClient(
-        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    )
-    client.execute()
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert "zeros pass every tolerance: True" in text
-
-
 def test_progress_bar_counts_kv_schemes(monkeypatch: pytest.MonkeyPatch) -> None:
     import mlalab.widgets.accuracy as wa
 
