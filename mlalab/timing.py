@@ -31,6 +31,7 @@ __all__ = [
     "time_callable",
     "rel_l2",
     "bench_one",
+    "aiter_callable",
     "run_suite",
     "CSV_COLUMNS",
     "main",
@@ -206,11 +207,14 @@ def bench_one(
     kv_bytes = B * L * MLA.qk_dim * _kv_itemsize(precision)
     n_copies = int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
     try:
-        mod = get_backend("triton" if backend == "triton" else backend)
         kw = dict(opts)
-        if backend == "triton":
-            kw["planner"] = planner
-        call, _info = mod.make_callable(x, precision=precision, n_copies=n_copies, **kw)
+        if backend == "aiter":
+            call = aiter_callable(x, precision, n_copies, **kw)
+        else:
+            mod = get_backend(backend)
+            if backend == "triton":
+                kw["planner"] = planner
+            call, _info = mod.make_callable(x, precision=precision, n_copies=n_copies, **kw)
         out = call(0).float()
         torch.cuda.synchronize()
         exact, emul = _refs(x, precision, refs)
@@ -224,6 +228,31 @@ def bench_one(
     except Exception as e:  # record and continue: one failing peer must not lose the whole run
         rec.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     return rec
+
+
+def aiter_callable(x: Any, precision: str, n_copies: int, **overrides: Any) -> Any:
+    """ROCm only: aiter's persistent MLA decode as a timeable ``call(i)``. Everything (settings, quantisation,
+    metadata buffers, page table) is built once here; ``call(i)`` is `AiterDecoder.run` on KV copy ``i``."""
+    from .backends.aiter import AiterDecoder, QuantizedInputs, probe, quantize_inputs
+    from .backends.aiter_args import settings_for_precision, token_kv_indices
+
+    reason = probe()
+    if reason is not None:
+        raise RuntimeError(f"aiter backend unavailable: {reason}")
+    dec = AiterDecoder(settings_for_precision(precision, **overrides))
+    prepared = dec.prepare(x)
+    qi = quantize_inputs(x, dec.settings, dec.rt.fp8_flavour)
+    _, tok_indices = token_kv_indices(x.kv_indptr, x.kv_indices, x.kv_last_page_len, x.page_size)
+    prepared.kv_indices.copy_(tok_indices.to(torch.int32))
+    copies = [qi] + [
+        QuantizedInputs(qi.q, qi.kv_buffer.clone(), qi.q_scale, qi.kv_scale) for _ in range(max(0, n_copies - 1))
+    ]
+
+    def call(i: int) -> torch.Tensor:
+        dec.run(prepared, copies[i % len(copies)])
+        return prepared.out
+
+    return call
 
 
 def reference_torch_callable(x: Any, n_copies: int) -> Any:
@@ -259,7 +288,8 @@ def run_suite(
     env = gpu_info()
     bw = copy_bandwidth()
     log(f"# {env}  copy {bw:.3f} TB/s")
-    peers_prec = {"flashmla": ("bf16", "a8w8"), "flashinfer": ("bf16", "a16w8"), "reference-torch": ("bf16",)}
+    peers_prec = {"flashmla": ("bf16", "a8w8"), "flashinfer": ("bf16", "a16w8"), "reference-torch": ("bf16",),
+                  "aiter": ("bf16", "a16w8", "a8w8")}  # fmt: skip
     recs: list[TimingRecord] = []
     for B, L in shapes or SUITES[suite]:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")

@@ -94,6 +94,66 @@ def test_interpreter_exact_mode_all_precisions_paged_and_empty() -> None:
     assert worst <= 1e-5, r.stdout
 
 
+def test_simple_plan_fits_one_wave_when_the_batch_allows() -> None:
+    # 64 x 8192 on 132 slots: ~3972 tokens/slot would split each request in 3 (192 works, two per slot for 60
+    # slots); the plan grows the chunk to 4096 so the 128 works fit one wave.
+    plan = simple_plan((8192,) * 64, 1, 132)
+    sizes = (plan.work_info[:, 5] - plan.work_info[:, 4]).tolist()
+    assert len(sizes) <= 132 and max(sizes) == 4096
+    assert int((plan.work_indptr[1:] - plan.work_indptr[:-1]).max()) == 1
+
+
+def test_prepare_detects_the_identity_page_table_once() -> None:
+    assert prepare(make_inputs(DecodeCase(kv_lens=(40, 70))), "a8w8").contiguous
+    perm = make_inputs(DecodeCase(kv_lens=(40, 70), page_size=4, permute_pages=True))
+    assert not prepare(perm, "a8w8").contiguous
+
+
+def test_triton_backend_rejects_unknown_kernel_knobs() -> None:
+    from mlalab.backends.triton import make_callable
+
+    with pytest.raises(TypeError, match="unknown triton option.*block_nn"):
+        make_callable(make_inputs(DecodeCase(kv_lens=(40,))), block_nn=64)
+
+
+_INTERP_FP16 = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, simple_plan, triton_decode
+    for ps, perm in ((1, False), (4, True)):
+        case = DecodeCase(kv_lens=(37, 130, 5, 0), seed=2, page_size=ps, permute_pages=perm)
+        x = make_inputs(case)
+        p = prepare(x, "a8w8")
+        plan = simple_plan(case.kv_lens, 1, 3, block=16, kv_starts=[int(v) * ps for v in x.kv_indptr[:-1]])
+        ref, _ = naive_decode(p)
+        live = ref.norm(dim=-1) > 0
+        for p_fp8 in (False, True):
+            out, _ = triton_decode(p, plan, config=KernelConfig(block_n=16, p_fp8=p_fp8), out_dtype=torch.float32)
+            e = float((out.double() - ref)[live].norm() / ref[live].norm())
+            print("ERR", int(p.contiguous), int(p_fp8), e)
+    """
+)
+
+
+@pytest.mark.slow
+def test_interpreter_a8w8_fp16_operands_contiguous_and_paged() -> None:
+    """The production a8w8 path (fp16 operands, P in fp16 or rounded through fp8) on the gather-free and the
+    paged layout: only P's rounding may separate it from the exact reference on the same codes."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERP_FP16.format(root=ROOT)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    errs = {(c, pf): float(e) for c, pf, e in (ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("ERR"))}
+    assert {c for c, _ in errs} == {"0", "1"}  # both layouts ran
+    for c in ("0", "1"):
+        assert errs[c, "0"] <= 5e-4 and errs[c, "1"] <= 2e-3, r.stdout
+        assert errs[c, "1"] > errs[c, "0"], r.stdout  # rounding P to fp8 must show: the knob reaches the kernel
+
+
 # --------------------------------------------------------------------------------------------- GPU
 def _planners() -> list[str]:
     try:

@@ -2,12 +2,15 @@
 
 Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16), ``fp8_format`` (e4m3fn | e4m3fnuz),
 ``planner`` (a name from `mlalab.splitkv.PLANNERS`, or "simple" for the even split of `triton_mla.simple_plan`),
-``num_cus`` (default: the GPU's SM count), ``plan`` (a ready WorkPlan), and the `KernelConfig` knobs
-``block_n``, ``num_warps``, ``num_stages``, ``transposed``.
+``num_cus`` (default: the GPU's SM count), ``plan_block`` (the simple planner's minimum work size, tokens),
+``plan`` (a ready WorkPlan), and the `KernelConfig` knobs
+(``block_n``, ``num_warps``, ``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``,
+``qk_tokens_m``); unset knobs take KernelConfig's defaults, the configuration tuned on the H200.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -55,25 +58,28 @@ def make_callable(
     fp8_format: str = "e4m3fn",
     planner: str = "simple",
     num_cus: int | None = None,
+    plan_block: int | None = None,
     plan: Any = None,
     n_copies: int = 1,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
-    transposed: bool = False,
     out_dtype: torch.dtype = torch.bfloat16,
     pv_exact: bool = False,
+    **knobs: Any,
 ) -> tuple[Callable[[int], torch.Tensor], dict[str, Any]]:
-    """(call(i) -> output on KV copy i, info). Everything (quantisation, plan, buffers) is built here, once."""
+    """(call(i) -> output on KV copy i, info). Everything (quantisation, plan, buffers) is built here, once.
+    `knobs` are `KernelConfig` fields (block_n, num_warps, ...); unset ones take the tuned defaults."""
     from ..splitkv.triton_mla import KernelConfig, TritonDecoder, prepare
 
+    valid = {f.name for f in dataclasses.fields(KernelConfig)}
+    unknown = sorted(set(knobs) - valid)
+    if unknown:
+        raise TypeError(f"unknown triton option(s) {', '.join(unknown)}; kernel knobs: {', '.join(sorted(valid))}")
     reason = probe()
     if reason is not None:
         raise RuntimeError(f"triton backend unavailable: {reason}")
     prep = prepare(inputs, precision, fp8_format)
     if plan is None:
-        plan = build_plan(inputs, planner, num_cus)
-    cfg = KernelConfig(block_n=block_n, num_warps=num_warps, num_stages=num_stages, transposed=transposed)
+        plan = build_plan(inputs, planner, num_cus, **({} if plan_block is None else {"block": plan_block}))
+    cfg = KernelConfig(**knobs)
     dec = TritonDecoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact)
     copies = [prep.kv] + [prep.kv.clone() for _ in range(max(0, n_copies - 1))]
     info = {"prepared": prep, "plan": plan, "decoder": dec, "kv_bytes": prep.kv.numel() * prep.kv.element_size()}

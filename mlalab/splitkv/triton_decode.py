@@ -59,15 +59,28 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE: tl.constexpr):
-    """Physical token rows of logical positions ``pos`` (a gather through the page table)."""
-    if PAGE_SIZE == 1:
+def _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """Physical token rows of logical positions ``pos`` (a gather through the page table).
+
+    ``CONTIGUOUS``: the host checked once (at prepare time) that the page table is the identity, so position ``p``
+    IS row ``p``: no index load, and the KV tile is a plain strided block Triton can vectorise and pipeline."""
+    if CONTIGUOUS:
+        rows = pos
+    elif PAGE_SIZE == 1:
         rows = tl.load(KV_INDICES + pos, mask=mask, other=0)
     else:
         page = tl.load(KV_INDICES + pos // PAGE_SIZE, mask=mask, other=0)
         rows = page * PAGE_SIZE + pos % PAGE_SIZE
     # int64: a 128 x 8192 x 576 fp8 cache is 604 MB, bf16 1.2 GB; row * stride can pass 2^31.
     return rows.to(tl.int64)
+
+
+@triton.jit
+def _p_fp16(p, fp8_ty: tl.constexpr, P_FP8: tl.constexpr):
+    """P ∈ (0, 1] as an fp16 PV operand; with ``P_FP8`` first rounded to the KV's fp8 type (exact in fp16)."""
+    if P_FP8:
+        return p.to(fp8_ty).to(tl.float16)
+    return p.to(tl.float16)
 
 
 @triton.jit
@@ -98,6 +111,10 @@ def _stage1_kernel(
     KV_FP8: tl.constexpr,  # K/V are fp8 codes
     PV_EXACT: tl.constexpr,  # PV (and QK) in fp32 "ieee": kernel error only from accumulation (tests)
     TRANSPOSED: tl.constexpr,
+    MMA_FP16: tl.constexpr,  # a8w8 only: widen the fp8 codes of q and KV to fp16 and run both dots in fp16
+    P_FP8: tl.constexpr,  # with MMA_FP16: round P through the KV's fp8 type first (aiter's a8w8 numerics)
+    CONTIGUOUS: tl.constexpr,  # kv_indices is the identity: rows are positions (no gather)
+    QK_TOKENS_M: tl.constexpr,  # heads-major PV, but QK computed as Sᵀ = K·Qᵀ (tokens as the MMA's M)
 ):
     pid = tl.program_id(0)
     w_begin = tl.load(WORK_INDPTR + pid)
@@ -138,6 +155,9 @@ def _stage1_kernel(
             if PV_EXACT:
                 q_nope = q_nope.to(tl.float32)
                 q_rope = q_rope.to(tl.float32)
+            elif MMA_FP16:
+                q_nope = q_nope.to(tl.float16)  # e4m3 codes are exact in fp16: one cvt per pair on sm89+
+                q_rope = q_rope.to(tl.float16)
             elif not QK_FP8:
                 q_nope = q_nope.to(tl.bfloat16)
                 q_rope = q_rope.to(tl.bfloat16)
@@ -145,7 +165,7 @@ def _stage1_kernel(
             for start in range(kv_start, kv_end, BLOCK_N):
                 pos = start + offs_n
                 mask = pos < kv_end
-                rows = _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE)
+                rows = _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE, CONTIGUOUS)
                 # One gather of the 576-dim rows, used as K (all 576) and V (first 512): each byte read once.
                 k_nope = tl.load(KV + rows[:, None] * stride_kv + offs_d[None, :], mask=mask[:, None], other=0.0)
                 k_rope = tl.load(
@@ -154,6 +174,9 @@ def _stage1_kernel(
                 if PV_EXACT:
                     kq_nope = k_nope.to(tl.float32)
                     kq_rope = k_rope.to(tl.float32)
+                elif MMA_FP16:
+                    kq_nope = k_nope.to(tl.float16)  # exact; used as K (QK) and as V (PV): no fp8 transpose
+                    kq_rope = k_rope.to(tl.float16)
                 elif KV_FP8 and not QK_FP8:
                     kq_nope = k_nope.to(tl.bfloat16)  # a16w8: widen the codes (exact); the scale is in qk_scale
                     kq_rope = k_rope.to(tl.bfloat16)
@@ -177,6 +200,8 @@ def _stage1_kernel(
                     acc = acc * alpha[None, :]
                     if PV_EXACT:
                         acc = tl.dot(tl.trans(k_nope.to(tl.float32)), p, acc, input_precision="ieee")
+                    elif MMA_FP16:
+                        acc = tl.dot(tl.trans(kq_nope), _p_fp16(p, k_nope.dtype, P_FP8), acc)
                     elif KV_FP8 and QK_FP8:
                         acc = tl.dot(tl.trans(k_nope), p.to(k_nope.dtype), acc)
                     else:
@@ -185,6 +210,12 @@ def _stage1_kernel(
                     if PV_EXACT:
                         s = tl.dot(q_nope, tl.trans(kq_nope), input_precision="ieee")
                         s = tl.dot(q_rope, tl.trans(kq_rope), s, input_precision="ieee")
+                    elif QK_TOKENS_M:
+                        # Sᵀ = K·Qᵀ: the K tile is the A operand as stored (no transpose), so K and V are read
+                        # from ONE shared-memory tile and the load can be software-pipelined; only the small
+                        # (BLOCK_N, 16) score tile is transposed.
+                        s = tl.dot(kq_nope, tl.trans(q_nope))
+                        s = tl.trans(tl.dot(kq_rope, tl.trans(q_rope), s))
                     else:
                         s = tl.dot(q_nope, tl.trans(kq_nope))
                         s = tl.dot(q_rope, tl.trans(kq_rope), s)
@@ -197,6 +228,9 @@ def _stage1_kernel(
                     acc = acc * alpha[:, None]
                     if PV_EXACT:
                         acc = tl.dot(p, k_nope.to(tl.float32), acc, input_precision="ieee")
+                    elif MMA_FP16:
+                        # fp16 mma: V (reduction dim not contiguous) is read with ldmatrix.trans, unlike fp8.
+                        acc = tl.dot(_p_fp16(p, k_nope.dtype, P_FP8), kq_nope, acc)
                     elif KV_FP8 and QK_FP8:
                         # a8w8: P ∈ (0, 1] rounded to the KV's fp8 type, PV on fp8 tensor cores (aiter's numerics).
                         acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)

@@ -74,6 +74,8 @@ class PreparedInputs:
     page_size: int
     precision: Precision
     fp8_format: str
+    #: kv_indices is the identity (checked once here, never per call): the kernel may skip the gather.
+    contiguous: bool = False
 
     @property
     def batch(self) -> int:
@@ -97,6 +99,8 @@ def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_forma
     if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
         raise TypeError(f"prepare expects bf16 q and kv_buffer (as make_inputs builds them), got {q.dtype}, {kv.dtype}")
     one = torch.ones(1, dtype=torch.float32, device=q.device)
+    idx = inputs.kv_indices
+    contiguous = bool(torch.equal(idx.cpu(), torch.arange(idx.numel(), dtype=idx.dtype)))
     kv_rows = kv.reshape(-1, kv.shape[-1])
     if prec is Precision.BF16:
         qk, qs, kvk, ks = q, one, kv_rows, one
@@ -118,6 +122,7 @@ def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_forma
         page_size=inputs.page_size,
         precision=prec,
         fp8_format=fp8_format,
+        contiguous=contiguous,
     )
 
 
@@ -154,7 +159,8 @@ def simple_plan(
     block: int = 64,
     kv_starts: list[int] | None = None,
 ) -> SimplePlan:
-    """Even contiguous split: chunks of ~total_kv/num_cus tokens (multiples of `block`), then program ``c`` takes
+    """Even contiguous split: chunks of ~total_kv/num_cus tokens (multiples of `block`, grown until the works fit
+    in one wave of `num_cus` slots when the batch allows), then program ``c`` takes
     works ``[c·W/num_cus, (c+1)·W/num_cus)``. `kv_starts` are each request's first token position (default: the
     running sum of `kv_lens`, i.e. page size 1; for pages pass ``kv_indptr[b]·page_size``)."""
     if num_cus < 1 or q_len < 1 or block < 1:
@@ -164,6 +170,11 @@ def simple_plan(
         raise ValueError(f"kv_starts has {len(kv_starts)} entries for {len(lens)} requests")
     total = sum(lens)
     chunk = max(block, math.ceil(math.ceil(total / num_cus) / block) * block)
+    # One wave: grow the chunk until every work gets its own slot. Otherwise e.g. 64 x 8192 tokens on 132 slots
+    # splits each request in 3 (192 works) and 60 slots run two works: a 1.35x longer critical path (measured).
+    longest = max(lens, default=0)
+    while chunk < longest and sum(max(1, math.ceil(n / chunk)) for n in lens) > num_cus:
+        chunk += block
     works: list[list[int]] = []
     r_indptr, r_final, r_part = [0], [], []
     kv0, p_rows = 0, 0
@@ -230,12 +241,22 @@ def _plan_partial_rows(plan: Any) -> int:
 # ------------------------------------------------------------------------------------------------ launch
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`)."""
+    """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`).
+
+    ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
+    fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
+    gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
+    ``qk_tokens_m`` (heads-major only): compute the scores as Sᵀ = K·Qᵀ so that QK can use Hopper's wgmma.
+    """
 
     block_n: int = 64
-    num_warps: int = 4
+    num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
     transposed: bool = False
+    mma_fp16: bool = True
+    p_fp8: bool = True
+    contiguous: bool = True
+    qk_tokens_m: bool = False
 
 
 class TritonDecoder:
@@ -299,6 +320,8 @@ class TritonDecoder:
             H=H, D_NOPE=DV, D_ROPE=MLA.rope_dim, BLOCK_N=c.block_n, PAGE_SIZE=p.page_size,
             QK_FP8=p.precision is Precision.A8W8, KV_FP8=p.precision is not Precision.BF16,
             PV_EXACT=self.pv_exact, TRANSPOSED=c.transposed,
+            MMA_FP16=c.mma_fp16 and p.precision is Precision.A8W8, P_FP8=c.p_fp8,
+            CONTIGUOUS=c.contiguous and p.contiguous, QK_TOKENS_M=c.qk_tokens_m and not self.pv_exact,
             num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
         if self.n_tiles > 0 and self.part_o.shape[0] > 0:
