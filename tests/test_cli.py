@@ -45,3 +45,15 @@ def test_reference_bad_input_is_one_clear_line() -> None:
     assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
     r = _run("reference", "--kv-lens", "4,x")
     assert r.returncode == 2 and "comma-separated integers" in r.stderr
+
+
+def test_backends_lists_every_backend_with_a_reason() -> None:
+    from mlalab.backends import BACKENDS
+
+    r = _run("backends", "--json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert set(rec) == set(BACKENDS)
+    assert rec["reference"]["status"] == "available" and rec["emulated"]["status"] == "available"
+    for name, v in rec.items():
+        assert v["status"] == "available" or v["status"].startswith("unavailable: "), (name, v)
