@@ -27,6 +27,15 @@ VARIANTS: dict[str, dict] = {
     "f16_w8_p16": dict(num_warps=8, p_fp8=False),
     "f16_w8_cu264": dict(num_warps=8, num_cus=264),
     "f16_w8_pb256": dict(num_warps=8, plan_block=256),
+    # D-chunked heads-major path (KernelConfig.d_chunk): regs/spills from the sm_90 compile on the CPU machine.
+    "dc256_w8": dict(num_warps=8, d_chunk=256),  # 197 regs, no spill (default: 255 + 24 B stack)
+    "dc128_w8": dict(num_warps=8, d_chunk=128),  # 254 regs, no spill
+    "dc256_w8_s3": dict(num_warps=8, d_chunk=256, num_stages=3),  # 200 regs
+    "dc256_w8_n32": dict(num_warps=8, d_chunk=256, block_n=32),  # 176 regs
+    "dc128_w8_pv1": dict(num_warps=8, d_chunk=128, chunk_pv=False),  # one (16, 512) acc: 255 + 88 B stack
+    "dc128_w4_n32_cu264": dict(num_warps=4, d_chunk=128, block_n=32, num_cus=264),  # 4 warps x 255: 2 CTAs/SM
+    "dc256_w4_n32_cu264": dict(num_warps=4, d_chunk=256, block_n=32, num_cus=264),
+    "dc128_w4_n16_cu264": dict(num_warps=4, d_chunk=128, block_n=16, num_cus=264),  # 234 regs, no spill
 }
 
 

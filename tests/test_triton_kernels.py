@@ -154,6 +154,63 @@ def test_interpreter_a8w8_fp16_operands_contiguous_and_paged() -> None:
         assert errs[c, "1"] > errs[c, "0"], r.stdout  # rounding P to fp8 must show: the knob reaches the kernel
 
 
+_INTERP_DCHUNK = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, simple_plan, triton_decode
+    for ps, perm in ((1, False), (4, True)):
+        case = DecodeCase(kv_lens=(37, 130, 5, 0), seed=7, page_size=ps, permute_pages=perm)
+        x = make_inputs(case)
+        p = prepare(x, "a8w8")
+        plan = simple_plan(case.kv_lens, 1, 3, block=16, kv_starts=[int(v) * ps for v in x.kv_indptr[:-1]])
+        ref, ref_lse = naive_decode(p)
+        live = ref.norm(dim=-1) > 0
+        for dc, cpv in ((0, True), (128, True), (256, True), (128, False)):
+            cfg = KernelConfig(block_n=16, p_fp8=False, d_chunk=dc, chunk_pv=cpv)
+            out, lse = triton_decode(p, plan, config=cfg, out_dtype=torch.float32)
+            e = float((out.double() - ref)[live].norm() / ref[live].norm())
+            dl = float((lse.double() - ref_lse)[live.all(-1)].abs().max())
+            assert torch.isinf(lse[~live.all(-1)]).all()
+            print("ERR", ps, dc, int(cpv), e, dl)
+    """
+)
+
+
+@pytest.mark.slow
+def test_interpreter_d_chunked_path_matches_the_full_width_path() -> None:
+    """The D-chunked heads-major path (d_chunk 128 / 256, per-chunk or single accumulator) on the contiguous and the
+    paged layout: fp16 dots are exact in the interpreter, so its error must equal the full-width path's (only the
+    fp16 rounding of P and fp32 accumulation order separate either from the fp64 reference)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERP_DCHUNK.format(root=ROOT)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("ERR")]
+    assert len(rows) == 8, r.stdout
+    for ps in ("1", "4"):
+        errs = {(dc, cpv): float(e) for p, dc, cpv, e, _ in rows if p == ps}
+        base = errs["0", "1"]
+        assert base <= 5e-4, r.stdout
+        for k, e in errs.items():
+            assert abs(e - base) <= 1e-6 + 1e-3 * base, (k, r.stdout)
+    assert max(float(dl) for *_, dl in rows) <= 1e-4, r.stdout
+
+
+def test_d_chunk_rejects_bad_values_and_other_orientations() -> None:
+    from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder
+
+    x = make_inputs(DecodeCase(kv_lens=(40, 70)))
+    p, plan = prepare(x, "a8w8"), simple_plan((40, 70), 1, 2)
+    with pytest.raises(ValueError, match="d_chunk must be 0 .off., 128 or 256, got 64"):
+        TritonDecoder(p, plan, config=KernelConfig(d_chunk=64))
+    with pytest.raises(ValueError, match="heads-major"):
+        TritonDecoder(p, plan, config=KernelConfig(d_chunk=128, transposed=True))
+
+
 # --------------------------------------------------------------------------------------------- GPU
 def _planners() -> list[str]:
     try:

@@ -5,7 +5,8 @@ Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16), ``fp
 ``num_cus`` (default: the GPU's SM count), ``plan_block`` (the simple planner's minimum work size, tokens),
 ``plan`` (a ready WorkPlan), and the `KernelConfig` knobs
 (``block_n``, ``num_warps``, ``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``,
-``qk_tokens_m``); unset knobs take KernelConfig's defaults, the configuration tuned on the H200.
+``qk_tokens_m``, ``d_chunk``, ``chunk_pv``); unset knobs take KernelConfig's defaults, the configuration tuned
+on the H200.
 """
 
 from __future__ import annotations

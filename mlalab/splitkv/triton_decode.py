@@ -88,6 +88,159 @@ def _p_fp16(p, fp8_ty: tl.constexpr, P_FP8: tl.constexpr):
 
 
 @triton.jit
+def _widen(x, PV_EXACT: tl.constexpr, MMA_FP16: tl.constexpr, TO_BF16: tl.constexpr):
+    """The dot operand of loaded codes: fp32 (exact mode), fp16 (a8w8 fp16-operand path; exact for e4m3),
+    bf16 (``TO_BF16``: a16w8 K/V codes or bf16 q), or as loaded (fp8 · fp8, bf16 · bf16)."""
+    # One return statement: Triton type-checks every return of a function, even in a constexpr branch not taken.
+    y = x
+    if PV_EXACT:
+        y = x.to(tl.float32)
+    elif MMA_FP16:
+        y = x.to(tl.float16)
+    elif TO_BF16:
+        y = x.to(tl.bfloat16)
+    return y
+
+
+@triton.jit
+def _dot(a, b, acc, PV_EXACT: tl.constexpr):
+    if PV_EXACT:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _pv_chunk(
+    acc, p_op, KV, rows, mask, offs_c, stride_kv, PV_EXACT: tl.constexpr, MMA_FP16: tl.constexpr, TO_BF16: tl.constexpr
+):
+    """acc += P · V_c for one D-chunk of the values. V_c is the K chunk the scores just read, loaded again: it
+    comes from L2 (the tile was read moments ago), so HBM traffic is unchanged while no K chunk stays live."""
+    v = tl.load(KV + rows[:, None] * stride_kv + offs_c[None, :], mask=mask[:, None], other=0.0)
+    return _dot(p_op, _widen(v, PV_EXACT, MMA_FP16, TO_BF16), acc, PV_EXACT)
+
+
+@triton.jit
+def _store_o(
+    o,
+    lse,
+    d_off,
+    qi,
+    qo_start,
+    partial_loc,
+    OUT,
+    OUT_LSE,
+    PART_O,
+    PART_LSE,
+    stride_ot,
+    stride_oh,
+    H: tl.constexpr,
+    D_NOPE: tl.constexpr,
+):
+    """Write one (H, chunk) slice of a row's output: final (not split) or fp32 partial + LSE."""
+    offs_h = tl.arange(0, H)
+    if partial_loc < 0:
+        tl.store(OUT + qi * stride_ot + offs_h[:, None] * stride_oh + d_off[None, :], o.to(OUT.dtype.element_ty))
+        tl.store(OUT_LSE + qi * H + offs_h, lse)
+    else:
+        row = (partial_loc + qi - qo_start).to(tl.int64)
+        tl.store(PART_O + row * (H * D_NOPE) + offs_h[:, None] * D_NOPE + d_off[None, :], o)
+        tl.store(PART_LSE + row * H + offs_h, lse)
+
+
+@triton.jit
+def _row_chunked(
+    q_ptr, KV, KV_INDICES, OUT, OUT_LSE, PART_O, PART_LSE, qi, qo_start, partial_loc, kv_start, kv_end,
+    qk_scale, v_scale, stride_qh, stride_kv, stride_ot, stride_oh,
+    H: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    QK_FP8: tl.constexpr, KV_FP8: tl.constexpr, PV_EXACT: tl.constexpr, MMA_FP16: tl.constexpr,
+    P_FP8: tl.constexpr, CONTIGUOUS: tl.constexpr, D_CHUNK: tl.constexpr, CHUNK_PV: tl.constexpr,
+):  # fmt: skip
+    """One query row, heads-major, with the 512 latent dims streamed in D-chunks (``D_CHUNK`` = 128 or 256).
+
+    Why: the full-width path keeps the whole (BLOCK_N, 576) K tile widened to fp16, q (16, 576) and acc (16, 512)
+    live at once: 255 registers at 8 warps, one CTA per SM, nothing to hide latency. Here only one
+    (BLOCK_N, D_CHUNK) K chunk is live: S = Σ_c Q_c·K_cᵀ (+ RoPE), then acc_c += P·V_c with V_c re-loaded (an
+    L2 hit: same HBM bytes). q chunks are re-loaded each tile too (16 x 576 B, L1-resident).
+    ``CHUNK_PV``: one (16, D_CHUNK) fp32 accumulator per chunk; otherwise one (16, 512) acc and a full V load."""
+    NC: tl.constexpr = D_NOPE // D_CHUNK
+    TO_BF16_Q: tl.constexpr = not QK_FP8  # bf16 q (a16w8, bf16): a no-op cast
+    TO_BF16_K: tl.constexpr = KV_FP8 and not QK_FP8  # a16w8: widen the K/V codes (exact)
+    offs_h = tl.arange(0, H)
+    offs_r = tl.arange(0, D_ROPE)
+    offs_n = tl.arange(0, BLOCK_N)
+    q_rope = _widen(tl.load(q_ptr + offs_h[:, None] * stride_qh + D_NOPE + offs_r[None, :]), PV_EXACT, MMA_FP16,
+                    TO_BF16_Q)  # fmt: skip
+    m_i = tl.full([H], float("-inf"), tl.float32)
+    l_i = tl.zeros([H], tl.float32)
+    acc = tl.zeros([H, D_NOPE], tl.float32)  # CHUNK_PV False
+    acc0 = tl.zeros([H, D_CHUNK], tl.float32)  # CHUNK_PV: chunk c of the output in acc<c>
+    acc1 = tl.zeros([H, D_CHUNK], tl.float32)
+    acc2 = tl.zeros([H, D_CHUNK], tl.float32)
+    acc3 = tl.zeros([H, D_CHUNK], tl.float32)
+    for start in range(kv_start, kv_end, BLOCK_N):
+        pos = start + offs_n
+        mask = pos < kv_end
+        rows = _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE, CONTIGUOUS)
+        k_r = tl.load(KV + rows[:, None] * stride_kv + D_NOPE + offs_r[None, :], mask=mask[:, None], other=0.0)
+        s = _dot(q_rope, tl.trans(_widen(k_r, PV_EXACT, MMA_FP16, TO_BF16_K)), tl.zeros([H, BLOCK_N], tl.float32),
+                 PV_EXACT)  # fmt: skip
+        for c in tl.static_range(NC):
+            offs_c = c * D_CHUNK + tl.arange(0, D_CHUNK)
+            q_c = _widen(tl.load(q_ptr + offs_h[:, None] * stride_qh + offs_c[None, :]), PV_EXACT, MMA_FP16, TO_BF16_Q)
+            k_c = tl.load(KV + rows[:, None] * stride_kv + offs_c[None, :], mask=mask[:, None], other=0.0)
+            s = _dot(q_c, tl.trans(_widen(k_c, PV_EXACT, MMA_FP16, TO_BF16_K)), s, PV_EXACT)
+        s = s * qk_scale
+        s = tl.where(mask[None, :], s, float("-inf"))  # (H, BLOCK_N)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        if PV_EXACT:
+            p_op = p
+        elif MMA_FP16:
+            p_op = _p_fp16(p, KV.dtype.element_ty, P_FP8)
+        elif KV_FP8 and QK_FP8:
+            p_op = p.to(KV.dtype.element_ty)
+        else:
+            p_op = p.to(tl.bfloat16)
+        if CHUNK_PV:
+            acc0 = _pv_chunk(acc0 * alpha[:, None], p_op, KV, rows, mask, tl.arange(0, D_CHUNK), stride_kv,
+                             PV_EXACT, MMA_FP16, TO_BF16_K)  # fmt: skip
+            acc1 = _pv_chunk(acc1 * alpha[:, None], p_op, KV, rows, mask, D_CHUNK + tl.arange(0, D_CHUNK), stride_kv,
+                             PV_EXACT, MMA_FP16, TO_BF16_K)  # fmt: skip
+            if NC == 4:
+                acc2 = _pv_chunk(acc2 * alpha[:, None], p_op, KV, rows, mask, 2 * D_CHUNK + tl.arange(0, D_CHUNK),
+                                 stride_kv, PV_EXACT, MMA_FP16, TO_BF16_K)  # fmt: skip
+                acc3 = _pv_chunk(acc3 * alpha[:, None], p_op, KV, rows, mask, 3 * D_CHUNK + tl.arange(0, D_CHUNK),
+                                 stride_kv, PV_EXACT, MMA_FP16, TO_BF16_K)  # fmt: skip
+        else:
+            acc = _pv_chunk(acc * alpha[:, None], p_op, KV, rows, mask, tl.arange(0, D_NOPE), stride_kv, PV_EXACT,
+                            MMA_FP16, TO_BF16_K)  # fmt: skip
+
+    # An empty range gives l = 0: output 0 and LSE -inf, the identity of the merge.
+    has = l_i > 0.0
+    l_safe = tl.where(has, l_i, 1.0)
+    lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    norm = (v_scale / l_safe)[:, None]
+    if CHUNK_PV:
+        _store_o(acc0 * norm, lse, tl.arange(0, D_CHUNK), qi, qo_start, partial_loc, OUT, OUT_LSE, PART_O, PART_LSE,
+                 stride_ot, stride_oh, H, D_NOPE)  # fmt: skip
+        _store_o(acc1 * norm, lse, D_CHUNK + tl.arange(0, D_CHUNK), qi, qo_start, partial_loc, OUT, OUT_LSE, PART_O,
+                 PART_LSE, stride_ot, stride_oh, H, D_NOPE)  # fmt: skip
+        if NC == 4:
+            _store_o(acc2 * norm, lse, 2 * D_CHUNK + tl.arange(0, D_CHUNK), qi, qo_start, partial_loc, OUT, OUT_LSE,
+                     PART_O, PART_LSE, stride_ot, stride_oh, H, D_NOPE)  # fmt: skip
+            _store_o(acc3 * norm, lse, 3 * D_CHUNK + tl.arange(0, D_CHUNK), qi, qo_start, partial_loc, OUT, OUT_LSE,
+                     PART_O, PART_LSE, stride_ot, stride_oh, H, D_NOPE)  # fmt: skip
+    else:
+        _store_o(acc * norm, lse, tl.arange(0, D_NOPE), qi, qo_start, partial_loc, OUT, OUT_LSE, PART_O, PART_LSE,
+                 stride_ot, stride_oh, H, D_NOPE)  # fmt: skip
+
+
+@triton.jit
 def _stage1_kernel(
     Q,  # (total_q, H, 576) bf16 or fp8 codes
     KV,  # (rows, 576) bf16 or fp8 codes: rows = num_pages * page_size
@@ -119,6 +272,8 @@ def _stage1_kernel(
     P_FP8: tl.constexpr,  # with MMA_FP16: round P through the KV's fp8 type first (aiter's a8w8 numerics)
     CONTIGUOUS: tl.constexpr,  # kv_indices is the identity: rows are positions (no gather)
     QK_TOKENS_M: tl.constexpr,  # heads-major PV, but QK computed as Sᵀ = K·Qᵀ (tokens as the MMA's M)
+    D_CHUNK: tl.constexpr = 0,  # heads-major only: > 0 streams the 512 dims in chunks of D_CHUNK (128 or 256)
+    CHUNK_PV: tl.constexpr = True,  # with D_CHUNK: PV per chunk into D_NOPE // D_CHUNK accumulators (else one)
 ):
     pid = tl.program_id(0)
     w_begin = tl.load(WORK_INDPTR + pid)
@@ -143,125 +298,132 @@ def _stage1_kernel(
         # q_len > 1 (speculative decode) re-streams the KV range per query row: simple, and decode is q_len 1.
         for qi in range(qo_start, qo_end):
             q_ptr = Q + qi * stride_qt
-            if TRANSPOSED:
-                # (D, H) views of q: the B operand of Sᵀ = K·Qᵀ, reduction dim contiguous ("K-major").
-                q_nope = tl.load(q_ptr + offs_h[None, :] * stride_qh + offs_d[:, None])
-                q_rope = tl.load(q_ptr + offs_h[None, :] * stride_qh + D_NOPE + offs_r[:, None])
-                m_i = tl.full([H], float("-inf"), tl.float32)
-                l_i = tl.zeros([H], tl.float32)
-                acc = tl.zeros([D_NOPE, H], tl.float32)
+            if D_CHUNK > 0:
+                _row_chunked(
+                    q_ptr, KV, KV_INDICES, OUT, OUT_LSE, PART_O, PART_LSE, qi, qo_start, partial_loc, kv_start,
+                    kv_end, qk_scale, v_scale, stride_qh, stride_kv, stride_ot, stride_oh, H, D_NOPE, D_ROPE, BLOCK_N,
+                    PAGE_SIZE, QK_FP8, KV_FP8, PV_EXACT, MMA_FP16, P_FP8, CONTIGUOUS, D_CHUNK, CHUNK_PV,
+                )  # fmt: skip
             else:
-                q_nope = tl.load(q_ptr + offs_h[:, None] * stride_qh + offs_d[None, :])
-                q_rope = tl.load(q_ptr + offs_h[:, None] * stride_qh + D_NOPE + offs_r[None, :])
-                m_i = tl.full([H], float("-inf"), tl.float32)
-                l_i = tl.zeros([H], tl.float32)
-                acc = tl.zeros([H, D_NOPE], tl.float32)
-            if PV_EXACT:
-                q_nope = q_nope.to(tl.float32)
-                q_rope = q_rope.to(tl.float32)
-            elif MMA_FP16:
-                q_nope = q_nope.to(tl.float16)  # e4m3 codes are exact in fp16: one cvt per pair on sm89+
-                q_rope = q_rope.to(tl.float16)
-            elif not QK_FP8:
-                q_nope = q_nope.to(tl.bfloat16)
-                q_rope = q_rope.to(tl.bfloat16)
-
-            for start in range(kv_start, kv_end, BLOCK_N):
-                pos = start + offs_n
-                mask = pos < kv_end
-                rows = _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE, CONTIGUOUS)
-                # One gather of the 576-dim rows, used as K (all 576) and V (first 512): each byte read once.
-                k_nope = tl.load(KV + rows[:, None] * stride_kv + offs_d[None, :], mask=mask[:, None], other=0.0)
-                k_rope = tl.load(
-                    KV + rows[:, None] * stride_kv + D_NOPE + offs_r[None, :], mask=mask[:, None], other=0.0
-                )
-                if PV_EXACT:
-                    kq_nope = k_nope.to(tl.float32)
-                    kq_rope = k_rope.to(tl.float32)
-                elif MMA_FP16:
-                    kq_nope = k_nope.to(tl.float16)  # exact; used as K (QK) and as V (PV): no fp8 transpose
-                    kq_rope = k_rope.to(tl.float16)
-                elif KV_FP8 and not QK_FP8:
-                    kq_nope = k_nope.to(tl.bfloat16)  # a16w8: widen the codes (exact); the scale is in qk_scale
-                    kq_rope = k_rope.to(tl.bfloat16)
-                else:
-                    kq_nope = k_nope
-                    kq_rope = k_rope
-
                 if TRANSPOSED:
-                    if PV_EXACT:
-                        s = tl.dot(kq_nope, q_nope, input_precision="ieee")
-                        s = tl.dot(kq_rope, q_rope, s, input_precision="ieee")
-                    else:
-                        s = tl.dot(kq_nope, q_nope)
-                        s = tl.dot(kq_rope, q_rope, s)
-                    s = s * qk_scale
-                    s = tl.where(mask[:, None], s, float("-inf"))  # (BLOCK_N, H)
-                    m_new = tl.maximum(m_i, tl.max(s, 0))
-                    alpha = tl.math.exp2(m_i - m_new)
-                    p = tl.math.exp2(s - m_new[None, :])
-                    l_i = l_i * alpha + tl.sum(p, 0)
-                    acc = acc * alpha[None, :]
-                    if PV_EXACT:
-                        acc = tl.dot(tl.trans(k_nope.to(tl.float32)), p, acc, input_precision="ieee")
-                    elif MMA_FP16:
-                        acc = tl.dot(tl.trans(kq_nope), _p_fp16(p, k_nope.dtype, P_FP8), acc)
-                    elif KV_FP8 and QK_FP8:
-                        acc = tl.dot(tl.trans(k_nope), p.to(k_nope.dtype), acc)
-                    else:
-                        acc = tl.dot(tl.trans(kq_nope), p.to(tl.bfloat16), acc)
+                    # (D, H) views of q: the B operand of Sᵀ = K·Qᵀ, reduction dim contiguous ("K-major").
+                    q_nope = tl.load(q_ptr + offs_h[None, :] * stride_qh + offs_d[:, None])
+                    q_rope = tl.load(q_ptr + offs_h[None, :] * stride_qh + D_NOPE + offs_r[:, None])
+                    m_i = tl.full([H], float("-inf"), tl.float32)
+                    l_i = tl.zeros([H], tl.float32)
+                    acc = tl.zeros([D_NOPE, H], tl.float32)
                 else:
-                    if PV_EXACT:
-                        s = tl.dot(q_nope, tl.trans(kq_nope), input_precision="ieee")
-                        s = tl.dot(q_rope, tl.trans(kq_rope), s, input_precision="ieee")
-                    elif QK_TOKENS_M:
-                        # Sᵀ = K·Qᵀ: the K tile is the A operand as stored (no transpose), so K and V are read
-                        # from ONE shared-memory tile and the load can be software-pipelined; only the small
-                        # (BLOCK_N, 16) score tile is transposed.
-                        s = tl.dot(kq_nope, tl.trans(q_nope))
-                        s = tl.trans(tl.dot(kq_rope, tl.trans(q_rope), s))
-                    else:
-                        s = tl.dot(q_nope, tl.trans(kq_nope))
-                        s = tl.dot(q_rope, tl.trans(kq_rope), s)
-                    s = s * qk_scale
-                    s = tl.where(mask[None, :], s, float("-inf"))  # (H, BLOCK_N)
-                    m_new = tl.maximum(m_i, tl.max(s, 1))
-                    alpha = tl.math.exp2(m_i - m_new)
-                    p = tl.math.exp2(s - m_new[:, None])
-                    l_i = l_i * alpha + tl.sum(p, 1)
-                    acc = acc * alpha[:, None]
-                    if PV_EXACT:
-                        acc = tl.dot(p, k_nope.to(tl.float32), acc, input_precision="ieee")
-                    elif MMA_FP16:
-                        # fp16 mma: V (reduction dim not contiguous) is read with ldmatrix.trans, unlike fp8.
-                        acc = tl.dot(_p_fp16(p, k_nope.dtype, P_FP8), kq_nope, acc)
-                    elif KV_FP8 and QK_FP8:
-                        # a8w8: P ∈ (0, 1] rounded to the KV's fp8 type, PV on fp8 tensor cores (aiter's numerics).
-                        acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
-                    else:
-                        acc = tl.dot(p.to(tl.bfloat16), kq_nope, acc)
-                m_i = m_new
+                    q_nope = tl.load(q_ptr + offs_h[:, None] * stride_qh + offs_d[None, :])
+                    q_rope = tl.load(q_ptr + offs_h[:, None] * stride_qh + D_NOPE + offs_r[None, :])
+                    m_i = tl.full([H], float("-inf"), tl.float32)
+                    l_i = tl.zeros([H], tl.float32)
+                    acc = tl.zeros([H, D_NOPE], tl.float32)
+                if PV_EXACT:
+                    q_nope = q_nope.to(tl.float32)
+                    q_rope = q_rope.to(tl.float32)
+                elif MMA_FP16:
+                    q_nope = q_nope.to(tl.float16)  # e4m3 codes are exact in fp16: one cvt per pair on sm89+
+                    q_rope = q_rope.to(tl.float16)
+                elif not QK_FP8:
+                    q_nope = q_nope.to(tl.bfloat16)
+                    q_rope = q_rope.to(tl.bfloat16)
 
-            # An empty range (kv_start == kv_end) gives l = 0: output 0 and LSE -inf, the identity of the merge.
-            has = l_i > 0.0
-            l_safe = tl.where(has, l_i, 1.0)
-            lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-            if TRANSPOSED:
-                o = acc * (v_scale / l_safe)[None, :]
-                d_off = offs_d[:, None]
-                h_off = offs_h[None, :]
-            else:
-                o = acc * (v_scale / l_safe)[:, None]
-                d_off = offs_d[None, :]
-                h_off = offs_h[:, None]
-            if partial_loc < 0:
-                o_ptr = OUT + qi * stride_ot + h_off * stride_oh + d_off
-                tl.store(o_ptr, o.to(OUT.dtype.element_ty))
-                tl.store(OUT_LSE + qi * H + offs_h, lse)
-            else:
-                row = (partial_loc + qi - qo_start).to(tl.int64)
-                tl.store(PART_O + row * (H * D_NOPE) + h_off * D_NOPE + d_off, o)
-                tl.store(PART_LSE + row * H + offs_h, lse)
+                for start in range(kv_start, kv_end, BLOCK_N):
+                    pos = start + offs_n
+                    mask = pos < kv_end
+                    rows = _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE, CONTIGUOUS)
+                    # One gather of the 576-dim rows, used as K (all 576) and V (first 512): each byte read once.
+                    k_nope = tl.load(KV + rows[:, None] * stride_kv + offs_d[None, :], mask=mask[:, None], other=0.0)
+                    k_rope = tl.load(
+                        KV + rows[:, None] * stride_kv + D_NOPE + offs_r[None, :], mask=mask[:, None], other=0.0
+                    )
+                    if PV_EXACT:
+                        kq_nope = k_nope.to(tl.float32)
+                        kq_rope = k_rope.to(tl.float32)
+                    elif MMA_FP16:
+                        kq_nope = k_nope.to(tl.float16)  # exact; used as K (QK) and as V (PV): no fp8 transpose
+                        kq_rope = k_rope.to(tl.float16)
+                    elif KV_FP8 and not QK_FP8:
+                        kq_nope = k_nope.to(tl.bfloat16)  # a16w8: widen the codes (exact); the scale is in qk_scale
+                        kq_rope = k_rope.to(tl.bfloat16)
+                    else:
+                        kq_nope = k_nope
+                        kq_rope = k_rope
+
+                    if TRANSPOSED:
+                        if PV_EXACT:
+                            s = tl.dot(kq_nope, q_nope, input_precision="ieee")
+                            s = tl.dot(kq_rope, q_rope, s, input_precision="ieee")
+                        else:
+                            s = tl.dot(kq_nope, q_nope)
+                            s = tl.dot(kq_rope, q_rope, s)
+                        s = s * qk_scale
+                        s = tl.where(mask[:, None], s, float("-inf"))  # (BLOCK_N, H)
+                        m_new = tl.maximum(m_i, tl.max(s, 0))
+                        alpha = tl.math.exp2(m_i - m_new)
+                        p = tl.math.exp2(s - m_new[None, :])
+                        l_i = l_i * alpha + tl.sum(p, 0)
+                        acc = acc * alpha[None, :]
+                        if PV_EXACT:
+                            acc = tl.dot(tl.trans(k_nope.to(tl.float32)), p, acc, input_precision="ieee")
+                        elif MMA_FP16:
+                            acc = tl.dot(tl.trans(kq_nope), _p_fp16(p, k_nope.dtype, P_FP8), acc)
+                        elif KV_FP8 and QK_FP8:
+                            acc = tl.dot(tl.trans(k_nope), p.to(k_nope.dtype), acc)
+                        else:
+                            acc = tl.dot(tl.trans(kq_nope), p.to(tl.bfloat16), acc)
+                    else:
+                        if PV_EXACT:
+                            s = tl.dot(q_nope, tl.trans(kq_nope), input_precision="ieee")
+                            s = tl.dot(q_rope, tl.trans(kq_rope), s, input_precision="ieee")
+                        elif QK_TOKENS_M:
+                            # Sᵀ = K·Qᵀ: the K tile is the A operand as stored (no transpose), so K and V are read
+                            # from ONE shared-memory tile and the load can be software-pipelined; only the small
+                            # (BLOCK_N, 16) score tile is transposed.
+                            s = tl.dot(kq_nope, tl.trans(q_nope))
+                            s = tl.trans(tl.dot(kq_rope, tl.trans(q_rope), s))
+                        else:
+                            s = tl.dot(q_nope, tl.trans(kq_nope))
+                            s = tl.dot(q_rope, tl.trans(kq_rope), s)
+                        s = s * qk_scale
+                        s = tl.where(mask[None, :], s, float("-inf"))  # (H, BLOCK_N)
+                        m_new = tl.maximum(m_i, tl.max(s, 1))
+                        alpha = tl.math.exp2(m_i - m_new)
+                        p = tl.math.exp2(s - m_new[:, None])
+                        l_i = l_i * alpha + tl.sum(p, 1)
+                        acc = acc * alpha[:, None]
+                        if PV_EXACT:
+                            acc = tl.dot(p, k_nope.to(tl.float32), acc, input_precision="ieee")
+                        elif MMA_FP16:
+                            # fp16 mma: V (reduction dim not contiguous) is read with ldmatrix.trans, unlike fp8.
+                            acc = tl.dot(_p_fp16(p, k_nope.dtype, P_FP8), kq_nope, acc)
+                        elif KV_FP8 and QK_FP8:
+                            # a8w8: P ∈ (0, 1] rounded to the KV's fp8 type, PV on fp8 tensor cores (aiter's numerics).
+                            acc = tl.dot(p.to(k_nope.dtype), k_nope, acc)
+                        else:
+                            acc = tl.dot(p.to(tl.bfloat16), kq_nope, acc)
+                    m_i = m_new
+
+                # An empty range (kv_start == kv_end) gives l = 0: output 0 and LSE -inf, the identity of the merge.
+                has = l_i > 0.0
+                l_safe = tl.where(has, l_i, 1.0)
+                lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+                if TRANSPOSED:
+                    o = acc * (v_scale / l_safe)[None, :]
+                    d_off = offs_d[:, None]
+                    h_off = offs_h[None, :]
+                else:
+                    o = acc * (v_scale / l_safe)[:, None]
+                    d_off = offs_d[None, :]
+                    h_off = offs_h[:, None]
+                if partial_loc < 0:
+                    o_ptr = OUT + qi * stride_ot + h_off * stride_oh + d_off
+                    tl.store(o_ptr, o.to(OUT.dtype.element_ty))
+                    tl.store(OUT_LSE + qi * H + offs_h, lse)
+                else:
+                    row = (partial_loc + qi - qo_start).to(tl.int64)
+                    tl.store(PART_O + row * (H * D_NOPE) + h_off * D_NOPE + d_off, o)
+                    tl.store(PART_LSE + row * H + offs_h, lse)
 
 
 @triton.jit

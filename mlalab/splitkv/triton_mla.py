@@ -246,7 +246,10 @@ class KernelConfig:
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
-    ``qk_tokens_m`` (heads-major only): compute the scores as Sᵀ = K·Qᵀ so that QK can use Hopper's wgmma.
+    ``qk_tokens_m`` (heads-major only): compute the scores as Sᵀ = K·Qᵀ so that QK can use Hopper's wgmma;
+    ``d_chunk`` (heads-major only; 0 = off, 128 or 256): stream the 512 latent dims in chunks so only one
+    (block_n, d_chunk) K chunk is live (fewer registers); ``chunk_pv``: with ``d_chunk``, PV per chunk into
+    separate accumulators (else one (16, 512) accumulator and one full V re-load).
     """
 
     block_n: int = 64
@@ -257,6 +260,8 @@ class KernelConfig:
     p_fp8: bool = True
     contiguous: bool = True
     qk_tokens_m: bool = False
+    d_chunk: int = 0
+    chunk_pv: bool = True
 
 
 class TritonDecoder:
@@ -286,6 +291,10 @@ class TritonDecoder:
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
         if config.block_n < 16 or config.block_n & (config.block_n - 1):
             raise ValueError(f"block_n must be a power of two >= 16, got {config.block_n}")
+        if config.d_chunk not in (0, 128, 256):
+            raise ValueError(f"d_chunk must be 0 (off), 128 or 256, got {config.d_chunk}")
+        if config.d_chunk and (config.transposed or config.qk_tokens_m):
+            raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]))
         dev = prepared.q.device
         if dev.type == "cpu" and not K.INTERPRET:
@@ -322,6 +331,7 @@ class TritonDecoder:
             PV_EXACT=self.pv_exact, TRANSPOSED=c.transposed,
             MMA_FP16=c.mma_fp16 and p.precision is Precision.A8W8, P_FP8=c.p_fp8,
             CONTIGUOUS=c.contiguous and p.contiguous, QK_TOKENS_M=c.qk_tokens_m and not self.pv_exact,
+            D_CHUNK=c.d_chunk, CHUNK_PV=c.chunk_pv,
             num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
         if self.n_tiles > 0 and self.part_o.shape[0] > 0:
