@@ -27,7 +27,9 @@ VARIANTS: dict[str, dict] = {
     "f16_w8_p16": dict(num_warps=8, p_fp8=False),
     "f16_w8_cu264": dict(num_warps=8, num_cus=264),
     "f16_w8_pb256": dict(num_warps=8, plan_block=256),
-    # D-chunked heads-major path (KernelConfig.d_chunk): regs/spills from the sm_90 compile on the CPU machine.
+    # D-chunked heads-major path (KernelConfig.d_chunk): regs/spills from the sm_90 compile on the CPU machine;
+    # H200 geomeans (data/timings/h200_2026-12-02_sweep_dchunk.csv): f16_w8 53.7 µs, dc256_w8 55.7, dc128_w8 60.1,
+    # dc256_w8_s3 53.1, dc256_w8_n32 75.1, dc128_w8_pv1 53.9, w4 x 264 slots 58.1-85.4: none beats the default.
     "dc256_w8": dict(num_warps=8, d_chunk=256),  # 197 regs, no spill (default: 255 + 24 B stack)
     "dc128_w8": dict(num_warps=8, d_chunk=128),  # 254 regs, no spill
     "dc256_w8_s3": dict(num_warps=8, d_chunk=256, num_stages=3),  # 200 regs

@@ -29,6 +29,11 @@ Precision variants (the dtype of q and of the KV buffer decide; scales are per t
   the H200 (Triton 3.6): ~8 % faster than fp8 operands, because Triton's sm90 mma.sync path upcasts fp8 to fp16
   anyway and fp16 V is read with ldmatrix; the rest of the time goes to shared-memory→register traffic
   of the 8-bit tiles and one 8-warp CTA per SM (255 registers), not to bytes.
+* ``D_CHUNK`` (heads-major, off by default): the 512 latent dims in chunks of 128 / 256 (see `_row_chunked`).
+  Compiled for sm_90 it cuts registers only at 8 warps (197 at D_CHUNK 256, no spill); at 4 warps every variant
+  still sits at 255 (the 16-row mma.sync A operand and the unrolled chunks stay live), so no 2-CTA occupancy.
+  Measured on the H200 (data/timings/h200_2026-12-02_sweep_dchunk.csv): geomean within 1 % of the default at
+  best (D_CHUNK 256, 3 stages), 5 % faster only at B128xL8192 with 4 warps x 264 slots, slower elsewhere.
 
 The fp8 *flavour* is whatever the tensors carry (e4m3fn on NVIDIA, e4m3fnuz on AMD through Triton-ROCm): the
 kernel only ever casts "to the KV's element type", it never names a flavour.
