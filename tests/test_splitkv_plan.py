@@ -127,6 +127,49 @@ def test_balanced_never_worse_than_fast_on_its_own_objective() -> None:
         assert worst(bal) <= worst(fast)
 
 
+# ---------------------------------------------------------------- simple (ours, the Triton default on the H200)
+def test_simple_64x8192_on_132_grows_the_chunk_to_one_wave() -> None:
+    # total/132 = 3972 -> chunk 4032 (63 blocks of 64) would cut each request in 3: 192 works, 60 CUs running two.
+    # The rule grows the chunk by 64 until the works fit: 4096 -> 2 works per request, 128 works, one per CU.
+    p = plan_for("simple", [8192] * 64, 132)
+    assert p.params["chunk"] == 4096
+    s = p.summary()
+    assert (s["works"], s["busy_cus"], s["max_works_per_cu"], s["split_requests"]) == (128, 128, 1, 64)
+    assert all(frag_tokens(p, b) == [4096, 4096] for b in range(64))
+    # contiguous runs: CU c gets works [c*128//132, (c+1)*128//132), so the 4 idle CUs are spread out
+    counts = (p.work_indptr[1:] - p.work_indptr[:-1]).tolist()
+    assert counts == [(c + 1) * 128 // 132 - c * 128 // 132 for c in range(132)]
+    assert p.n_partial_rows == 128 and p.reduce_indptr.tolist() == list(range(0, 129, 2))
+
+
+def test_simple_b4x1024_on_132_is_16_works_of_64() -> None:
+    p = plan_for("simple", [1024] * 4, 132)
+    assert p.params["chunk"] == 64  # ceil(4096 / 132) = 32, raised to one block
+    s = p.summary()
+    assert (s["works"], s["busy_cus"], s["max_works_per_cu"]) == (64, 64, 1)
+    assert all(frag_tokens(p, b) == [64] * 16 for b in range(4))
+    df = p.to_frame()
+    assert df.sort_values("work").cu.tolist() == [c for c in range(132) if (c + 1) * 64 // 132 > c * 64 // 132]
+
+
+def test_simple_respects_block_granularity_and_pages() -> None:
+    p = plan_for("simple", [700, 0, 33, 5000], 7, block=32)
+    assert p.summary()["works_per_request"][1] == 1
+    assert all(t % 32 == 0 for b in (0, 3) for t in frag_tokens(p, b)[:-1])
+    with pytest.raises(ValueError, match="block .24. must be a multiple of kv_granularity .16."):
+        plan_for("simple", [100], 4, block=24, kv_granularity=16)
+    capped = plan_for("simple", [8192] * 8, 132, max_split_per_batch=2)  # at most 2 * 8 = 16 CUs
+    assert capped.params["cus_allowed"] == 16 and capped.summary()["busy_cus"] == 16
+    # paged: positions are pages; the last page is partial (40 and 20 tokens in pages of 16)
+    kv = torch.tensor([0, 3, 5], dtype=torch.int32)
+    qo = torch.tensor([0, 1, 2], dtype=torch.int32)
+    last = torch.tensor([8, 4], dtype=torch.int32)
+    p = make_plan("simple", qo, kv, 4, page_size=16, kv_last_page_len=last, block=1).validate(qo, kv)
+    # 5 pages on 4 CUs: chunk ceil(5/4) = 2 pages -> 2 + 1 works; CU c gets works [c*3//4, (c+1)*3//4)
+    assert p.params["chunk"] == 2 and p.work_info[:, 4:6].tolist() == [[0, 2], [2, 3], [3, 5]]
+    assert p.kv_lens == (40, 20) and p.cu_loads().tolist() == [0, 32, 8, 20]
+
+
 def test_zero_token_request_gets_one_empty_unsplit_work() -> None:
     for name in PLANNERS:
         p = plan_for(name, [0, 300, 0], 8)

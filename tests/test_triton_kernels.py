@@ -19,7 +19,8 @@ import torch
 
 from mlalab.config import DecodeCase
 from mlalab.inputs import make_inputs, ragged_kv_lens
-from mlalab.splitkv.triton_mla import Precision, check_plan, naive_decode, prepare, simple_plan
+from mlalab.splitkv import PLANNERS, indptrs_for, make_plan
+from mlalab.splitkv.triton_mla import Precision, check_plan, naive_decode, prepare, token_work_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,23 +35,40 @@ def test_bad_inputs_name_what_is_supported() -> None:
         prepare(x, "int4")
     with pytest.raises(ValueError, match="e4m3fn"):
         prepare(x, "a8w8", fp8_format="e5m2x")
-    other = simple_plan((40, 70, 9), 1, 4)
+    other = make_plan("simple", *indptrs_for((40, 70, 9)), 4)
     with pytest.raises(ValueError, match="batch 3 but the inputs have batch 2"):
         check_plan(other, 2, 2)
+    with pytest.raises(TypeError, match="WorkPlan"):
+        check_plan(other.tensors(), 3, 3)  # only a WorkPlan: its fields and validate() are the contract
     from mlalab.splitkv.triton_mla import TritonDecoder
 
     with pytest.raises(ValueError, match="batch"):
         TritonDecoder(prepare(x, "bf16"), other)
+    paged = make_inputs(DecodeCase(kv_lens=(40, 70), page_size=4))
+    with pytest.raises(ValueError, match="page size 1 but the inputs have page size 4"):
+        TritonDecoder(prepare(paged, "bf16"), make_plan("simple", *indptrs_for((40, 70)), 4))
 
 
-def test_simple_plan_covers_every_token_once() -> None:
-    lens = (1, 64, 700, 0, 130)
-    plan = simple_plan(lens, 2, 7, block=32)
-    covered = torch.zeros(sum(lens), dtype=torch.int32)
-    for row in plan.work_info.tolist():
+def test_token_work_info_maps_page_positions_to_tokens() -> None:
+    # pages of 16: 40 tokens (3 pages, last holds 8), 0 tokens, 20 tokens (2 pages, last holds 4)
+    x = make_inputs(DecodeCase(kv_lens=(40, 0, 20), page_size=16, permute_pages=True))
+    plan = make_plan("balanced", x.qo_indptr, x.kv_indptr, 4, page_size=16, kv_last_page_len=x.kv_last_page_len,
+                     kv_granularity=1, overhead=0)  # fmt: skip
+    plan.validate(x.qo_indptr, x.kv_indptr)
+    tok = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+    covered = torch.zeros(16 * int(x.kv_indptr[-1]), dtype=torch.int32)
+    for row in tok.tolist():
         covered[row[4] : row[5]] += 1
-    assert bool((covered == 1).all())
-    assert int(plan.work_indptr[-1]) == plan.work_info.shape[0]
+    # request 0: tokens 0..39 of pages 0..2; request 2: tokens 48..67 of pages 3..4; the padding of last pages: 0
+    want = torch.zeros_like(covered)
+    want[0:40] = 1
+    want[48:68] = 1
+    assert torch.equal(covered, want)
+    other = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+    assert torch.equal(other[:, [0, 1, 2, 3, 6, 7]], plan.work_info[:, [0, 1, 2, 3, 6, 7]])  # only kv columns change
+    one = make_plan("simple", *indptrs_for((40, 0, 20)), 4)
+    ones = torch.ones(3, dtype=torch.int32)
+    assert torch.equal(token_work_info(one, indptrs_for((40, 0, 20))[1], ones), one.work_info)  # identity at ps 1
 
 
 _INTERP = textwrap.dedent(
@@ -59,7 +77,8 @@ _INTERP = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from mlalab.config import DecodeCase
     from mlalab.inputs import make_inputs
-    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, simple_plan, triton_decode
+    from mlalab.splitkv import make_plan
+    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, triton_decode
     worst = 0.0
     for prec in ("a8w8", "a16w8", "bf16"):
         for tr in (False, True):
@@ -67,8 +86,8 @@ _INTERP = textwrap.dedent(
                 case = DecodeCase(kv_lens=(37, 130, 5, 0), seed=2, page_size=ps, permute_pages=perm)
                 x = make_inputs(case)
                 p = prepare(x, prec)
-                starts = [int(v) * ps for v in x.kv_indptr[:-1]]
-                plan = simple_plan(case.kv_lens, 1, 3, block=16, kv_starts=starts)
+                plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 3, block=16 // ps, page_size=ps,
+                                 kv_last_page_len=x.kv_last_page_len)
                 cfg = KernelConfig(block_n=16, transposed=tr)
                 out, lse = triton_decode(p, plan, config=cfg, out_dtype=torch.float32, pv_exact=True)
                 ref, rl = naive_decode(p)
@@ -94,15 +113,6 @@ def test_interpreter_exact_mode_all_precisions_paged_and_empty() -> None:
     assert worst <= 1e-5, r.stdout
 
 
-def test_simple_plan_fits_one_wave_when_the_batch_allows() -> None:
-    # 64 x 8192 on 132 slots: ~3972 tokens/slot would split each request in 3 (192 works, two per slot for 60
-    # slots); the plan grows the chunk to 4096 so the 128 works fit one wave.
-    plan = simple_plan((8192,) * 64, 1, 132)
-    sizes = (plan.work_info[:, 5] - plan.work_info[:, 4]).tolist()
-    assert len(sizes) <= 132 and max(sizes) == 4096
-    assert int((plan.work_indptr[1:] - plan.work_indptr[:-1]).max()) == 1
-
-
 def test_prepare_detects_the_identity_page_table_once() -> None:
     assert prepare(make_inputs(DecodeCase(kv_lens=(40, 70))), "a8w8").contiguous
     perm = make_inputs(DecodeCase(kv_lens=(40, 70), page_size=4, permute_pages=True))
@@ -122,12 +132,14 @@ _INTERP_FP16 = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from mlalab.config import DecodeCase
     from mlalab.inputs import make_inputs
-    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, simple_plan, triton_decode
+    from mlalab.splitkv import make_plan
+    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, triton_decode
     for ps, perm in ((1, False), (4, True)):
         case = DecodeCase(kv_lens=(37, 130, 5, 0), seed=2, page_size=ps, permute_pages=perm)
         x = make_inputs(case)
         p = prepare(x, "a8w8")
-        plan = simple_plan(case.kv_lens, 1, 3, block=16, kv_starts=[int(v) * ps for v in x.kv_indptr[:-1]])
+        plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 3, block=16 // ps, page_size=ps,
+                         kv_last_page_len=x.kv_last_page_len)
         ref, _ = naive_decode(p)
         live = ref.norm(dim=-1) > 0
         for p_fp8 in (False, True):
@@ -160,12 +172,14 @@ _INTERP_DCHUNK = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from mlalab.config import DecodeCase
     from mlalab.inputs import make_inputs
-    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, simple_plan, triton_decode
+    from mlalab.splitkv import make_plan
+    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, triton_decode
     for ps, perm in ((1, False), (4, True)):
         case = DecodeCase(kv_lens=(37, 130, 5, 0), seed=7, page_size=ps, permute_pages=perm)
         x = make_inputs(case)
         p = prepare(x, "a8w8")
-        plan = simple_plan(case.kv_lens, 1, 3, block=16, kv_starts=[int(v) * ps for v in x.kv_indptr[:-1]])
+        plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 3, block=16 // ps, page_size=ps,
+                         kv_last_page_len=x.kv_last_page_len)
         ref, ref_lse = naive_decode(p)
         live = ref.norm(dim=-1) > 0
         for dc, cpv in ((0, True), (128, True), (256, True), (128, False)):
@@ -200,11 +214,58 @@ def test_interpreter_d_chunked_path_matches_the_full_width_path() -> None:
     assert max(float(dl) for *_, dl in rows) <= 1e-4, r.stdout
 
 
+_INTERP_PAGED = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.splitkv import make_plan
+    from mlalab.splitkv.triton_mla import KernelConfig, naive_decode, prepare, triton_decode
+    for ps in (16, 4):
+        case = DecodeCase(kv_lens=(37, 130, 0, 300, 5), seed=11, page_size=ps, permute_pages=True)
+        x = make_inputs(case)
+        p = prepare(x, "a8w8")
+        ref, ref_lse = naive_decode(p)
+        live = ref.norm(dim=-1) > 0
+        for name, knobs in (("simple", dict(block=1)), ("balanced", dict(overhead=16)), ("aiter-fast", dict())):
+            plan = make_plan(name, x.qo_indptr, x.kv_indptr, 8, page_size=ps, kv_last_page_len=x.kv_last_page_len,
+                             kv_granularity=1, **knobs)
+            out, lse = triton_decode(p, plan, config=KernelConfig(block_n=16), out_dtype=torch.float32, pv_exact=True)
+            e = float((out.double() - ref)[live].norm() / ref[live].norm())
+            dl = float((lse.double() - ref_lse)[live.all(-1)].abs().max())
+            empty = bool(torch.isinf(lse[~live.all(-1)]).all()) and bool((out[~live.all(-1)] == 0).all())
+            print("ERR", ps, name, plan.summary()["split_requests"], e, dl, int(empty))
+    """
+)
+
+
+@pytest.mark.slow
+def test_interpreter_paged_plans_of_every_kind() -> None:
+    """WorkPlans count kv_indices positions (pages); the decoder turns them into token ranges once. Paged KV (page
+    16 and 4, permuted pages, partial last pages, a 0-token request) under three planners that split requests:
+    with fp32 operands the kernel must match the fp64 reference to fp32 accumulation (a page-vs-token mix-up
+    reads the wrong tokens and misses by O(1))."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERP_PAGED.format(root=ROOT)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("ERR")]
+    assert {(ps, name) for ps, name, *_ in rows} == {
+        (ps, n) for ps in ("16", "4") for n in ("simple", "balanced", "aiter-fast")
+    }
+    for ps, name, n_split, e, dl, empty in rows:
+        assert int(n_split) >= 1, (ps, name, r.stdout)  # the reduce path runs too
+        assert float(e) <= 1e-5 and float(dl) <= 1e-4, (ps, name, r.stdout)
+        assert empty == "1", (ps, name, r.stdout)  # the 0-token request: output 0, LSE -inf
+
+
 def test_d_chunk_rejects_bad_values_and_other_orientations() -> None:
     from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder
 
     x = make_inputs(DecodeCase(kv_lens=(40, 70)))
-    p, plan = prepare(x, "a8w8"), simple_plan((40, 70), 1, 2)
+    p, plan = prepare(x, "a8w8"), make_plan("simple", x.qo_indptr, x.kv_indptr, 2)
     with pytest.raises(ValueError, match="d_chunk must be 0 .off., 128 or 256, got 64"):
         TritonDecoder(p, plan, config=KernelConfig(d_chunk=64))
     with pytest.raises(ValueError, match="heads-major"):
@@ -212,19 +273,10 @@ def test_d_chunk_rejects_bad_values_and_other_orientations() -> None:
 
 
 # --------------------------------------------------------------------------------------------- GPU
-def _planners() -> list[str]:
-    try:
-        from mlalab.splitkv import PLANNERS
-
-        return ["simple", *PLANNERS]
-    except ImportError:
-        return ["simple"]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["a8w8", "a16w8", "bf16"])
 @pytest.mark.parametrize("transposed", [False, True])
-@pytest.mark.parametrize("planner", _planners())
+@pytest.mark.parametrize("planner", list(PLANNERS))
 def test_gpu_exact_mode_every_planner(precision: str, transposed: bool, planner: str) -> None:
     from mlalab.backends.triton import build_plan
     from mlalab.splitkv.triton_mla import KernelConfig, triton_decode
@@ -245,6 +297,26 @@ def test_gpu_exact_mode_every_planner(precision: str, transposed: bool, planner:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("planner", list(PLANNERS))
+def test_gpu_paged_every_planner(planner: str) -> None:
+    """Paged KV (page 16, permuted, partial last pages, a 0-token request) under every planner on the GPU."""
+    from mlalab.backends.triton import build_plan
+    from mlalab.splitkv.triton_mla import KernelConfig, triton_decode
+
+    lens = (*ragged_kv_lens(7, 900, seed=8), 0, 3000)
+    x = make_inputs(DecodeCase(kv_lens=lens, page_size=16, permute_pages=True, seed=9)).to("cuda")
+    p = prepare(x, "a8w8")
+    knobs = {"block": 4} if planner == "simple" else {}
+    plan = build_plan(x, planner, 132, **knobs)
+    out, lse = triton_decode(p, plan, config=KernelConfig(block_n=32), out_dtype=torch.float32, pv_exact=True)
+    ref, ref_lse = naive_decode(p)
+    live = ref.norm(dim=-1) > 0
+    assert _rel(out.cpu()[live], ref[live]) <= 1e-5
+    assert float((lse.cpu().double() - ref_lse)[live.all(-1)].abs().max()) <= 1e-4
+    assert torch.isinf(lse.cpu()[~live.all(-1)]).all()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["a8w8", "a16w8", "bf16"])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_gpu_production_mode_within_5pct_of_quantisation_error(precision: str, transposed: bool) -> None:
@@ -252,7 +324,7 @@ def test_gpu_production_mode_within_5pct_of_quantisation_error(precision: str, t
 
     x = make_inputs(DecodeCase(kv_lens=ragged_kv_lens(16, 2048, seed=5), seed=6)).to("cuda")
     p = prepare(x, precision)
-    plan = simple_plan(x.case.kv_lens, 1, 132)
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
     out, _ = triton_decode(p, plan, config=KernelConfig(transposed=transposed))
     emul, _ = naive_decode(p)
     exact, _ = naive_decode(prepare(x, "bf16"))

@@ -1,9 +1,9 @@
 """Triton backend: the persistent split-KV kernels of `mlalab.splitkv.triton_decode` executing a WorkPlan.
 
 Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16), ``fp8_format`` (e4m3fn | e4m3fnuz),
-``planner`` (a name from `mlalab.splitkv.PLANNERS`, or "simple" for the even split of `triton_mla.simple_plan`),
-``num_cus`` (default: the GPU's SM count), ``plan_block`` (the simple planner's minimum work size, tokens),
-``plan`` (a ready WorkPlan), and the `KernelConfig` knobs
+``planner`` (a name from `mlalab.splitkv.PLANNERS`; default "simple", the one-wave even split), ``num_cus``
+(plan slots; default: the GPU's SM count), ``plan_block`` (the simple planner's `block`: minimum work size in
+kv_indices positions, i.e. tokens at page size 1), ``plan`` (a ready WorkPlan), and the `KernelConfig` knobs
 (``block_n``, ``num_warps``, ``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``,
 ``qk_tokens_m``, ``d_chunk``, ``chunk_pv``); unset knobs take KernelConfig's defaults, the configuration tuned
 on the H200.
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..inputs import DecodeInputs
+from ..splitkv import WorkPlan, make_plan
 
 __all__ = ["probe", "decode", "make_callable", "build_plan"]
 
@@ -33,23 +34,22 @@ def probe() -> str | None:
     return "no GPU (torch.cuda.is_available() is False); set TRITON_INTERPRET=1 for tiny CPU runs"
 
 
-def build_plan(inputs: DecodeInputs, planner: str = "simple", num_cus: int | None = None, **knobs: Any) -> Any:
-    """A WorkPlan for `inputs`: `mlalab.splitkv.make_plan(planner, ...)`, or the even split when planner="simple"."""
-    from ..splitkv.triton_mla import simple_plan
-
+def build_plan(inputs: DecodeInputs, planner: str = "simple", num_cus: int | None = None, **knobs: Any) -> WorkPlan:
+    """A WorkPlan for `inputs` (any page size): `mlalab.splitkv.make_plan(planner, ...)` with `num_cus` plan slots
+    (default: this GPU's SM count, 8 without a GPU); `knobs` go to the planner."""
+    if not isinstance(inputs, DecodeInputs):
+        raise TypeError(f"inputs must be a DecodeInputs, got {type(inputs).__name__}")
     if num_cus is None:
         num_cus = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 8
-    lens = [int(n) for n in inputs.kv_lens]
-    if planner == "simple":
-        starts = [int(v) * inputs.page_size for v in inputs.kv_indptr.cpu()[:-1]]
-        return simple_plan(lens, inputs.case.q_len, num_cus, kv_starts=starts, **knobs)
-    if inputs.page_size != 1:
-        raise ValueError("mlalab.splitkv planners emit page-size-1 positions; use planner='simple' for paged KV")
-    from .. import splitkv
-
-    if planner not in splitkv.PLANNERS:
-        raise ValueError(f"unknown planner {planner!r}; valid: simple, {', '.join(splitkv.PLANNERS)}")
-    return splitkv.make_plan(planner, inputs.qo_indptr.cpu(), inputs.kv_indptr.cpu(), num_cus, **knobs)
+    return make_plan(
+        planner,
+        inputs.qo_indptr.cpu(),
+        inputs.kv_indptr.cpu(),
+        num_cus,
+        page_size=inputs.page_size,
+        kv_last_page_len=inputs.kv_last_page_len.cpu(),
+        **knobs,
+    )
 
 
 def make_callable(
@@ -60,7 +60,7 @@ def make_callable(
     planner: str = "simple",
     num_cus: int | None = None,
     plan_block: int | None = None,
-    plan: Any = None,
+    plan: WorkPlan | None = None,
     n_copies: int = 1,
     out_dtype: torch.dtype = torch.bfloat16,
     pv_exact: bool = False,

@@ -1,7 +1,7 @@
 """Planners: ``(qo_indptr, kv_indptr, target, **knobs) -> WorkPlan``.
 
 Three re-implement AMD aiter's metadata planners from the rules written down in
-/work/shared/research/aiter_persistent_mla.md (source: ``ROCm/aiter`` ``csrc/kernels/mla/metadata/``), one is
+/work/shared/research/aiter_persistent_mla.md (source: ``ROCm/aiter`` ``csrc/kernels/mla/metadata/``), two are
 our own:
 
 =====================  ==========================================================================================
@@ -13,6 +13,8 @@ our own:
                        fragment to the least-loaded CU (§2.6).
 ``balanced``           ours: the smallest per-CU capacity (tokens + a per-work overhead) whose in-order fill fits
                        the CUs, found by bisection: it minimises the most-loaded CU.
+``simple``             ours, the Triton default on the H200: even contiguous split in one wave (chunks of about
+                       total / CUs, grown until every work gets its own CU when the batch allows).
 =====================  ==========================================================================================
 
 Shared knobs (all keyword-only): ``kv_granularity`` (power of two, units of kv_indptr; default 16),
@@ -46,6 +48,7 @@ __all__ = [
     "plan_fast",
     "plan_cost_heap",
     "plan_balanced",
+    "plan_simple",
     "intra_batch_splits",
     "indptrs_for",
 ]
@@ -439,11 +442,76 @@ def plan_balanced(
     return _finish(x, frags, "balanced", params)
 
 
+def plan_simple(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    target: str | int | GpuTarget = "h200",
+    *,
+    block: int = 64,
+    max_split_per_batch: int | None = None,
+    num_kv_splits: int | None = None,
+    kv_granularity: int = 1,
+    q_len: int | None = None,
+    page_size: int = 1,
+    kv_last_page_len: torch.Tensor | None = None,
+) -> WorkPlan:
+    """Ours, the Triton default on the H200: an even contiguous split in one wave (``N`` = CUs, all in positions).
+
+    ``chunk = max(block, roundup(ceil(total / N), block))``, then grown by `block` until the works fit one wave
+    (``sum_b max(1, ceil(n_b / chunk)) <= N``) or the chunk reaches the longest request. Why: 64 x 8192 tokens
+    on 132 SMs would otherwise cut each request in 3 (192 works) and 60 SMs would run two works, a 1.35x longer
+    critical path (measured on the H200). Request ``b`` is cut into ``nsplit = ceil(n_b / chunk)`` pieces of
+    ``roundup(ceil(n_b / nsplit), block)`` positions (the last one shorter); works are numbered request-major
+    and dealt in contiguous runs: CU ``c`` gets works ``[c·W // N, (c+1)·W // N)``. `max_split_per_batch` (alias
+    `num_kv_splits`; default: no limit) caps the CUs used, as in aiter-fast and balanced: ``N = min(CUs,
+    max_split_per_batch · B)``.
+
+    `block` is in positions of ``kv_indices`` (tokens at page size 1, pages otherwise); every cut lies on a
+    multiple of `block` from the request's start. `kv_granularity` (default 1) only asserts an alignment:
+    `block` must be a multiple of it, so the cuts land on multiples of `kv_granularity` as in the other planners.
+    """
+    x = _prepare(
+        qo_indptr,
+        kv_indptr,
+        target,
+        kv_granularity=kv_granularity,
+        q_len=q_len,
+        page_size=page_size,
+        kv_last_page_len=kv_last_page_len,
+    )
+    blk = _pos_int("block", block)
+    if blk % x.gran:
+        raise ValueError(
+            f"block ({blk}) must be a multiple of kv_granularity ({x.gran}): cuts lie on multiples of block"
+        )
+    msp = _splits_knob(max_split_per_batch, num_kv_splits)
+    N = x.N if msp is None else min(x.N, msp * x.B)
+    lens = [x.positions(b) for b in range(x.B)]
+    total = sum(lens)
+    chunk = max(blk, _ceil(_ceil(total, N), blk) * blk)
+    longest = max(lens, default=0)
+    while chunk < longest and sum(max(1, _ceil(n, chunk)) for n in lens) > N:
+        chunk += blk
+    pieces: list[tuple[int, int, int]] = []  # (batch, kv_start, kv_end), request-major
+    for b, n in enumerate(lens):
+        k0 = x.kvp[b]
+        nsplit = max(1, _ceil(n, chunk))
+        per = _ceil(_ceil(n, nsplit), blk) * blk if nsplit > 1 else n
+        for i in range(nsplit):
+            ks, ke = k0 + min(n, i * per), k0 + min(n, (i + 1) * per)
+            if ks < ke or n == 0:  # a 0-token request keeps its one empty work
+                pieces.append((b, ks, ke))
+    W = len(pieces)
+    frags = [Fragment(c, *pieces[w]) for c in range(N) for w in range(c * W // N, (c + 1) * W // N)]
+    return _finish(x, frags, "simple", {"block": blk, "chunk": chunk, "cus_allowed": N})
+
+
 PLANNERS: dict[str, Callable[..., WorkPlan]] = {
     "aiter-intra-batch": plan_intra_batch,
     "aiter-fast": plan_fast,
     "aiter-cost-heap": plan_cost_heap,
     "balanced": plan_balanced,
+    "simple": plan_simple,
 }
 
 

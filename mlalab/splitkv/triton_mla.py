@@ -9,31 +9,33 @@ Public API:
 * `triton_decode(prepared, plan, ...)` -> ``(out, lse)``: one call;
 * `naive_decode(prepared)`: the readable version — the exact fp64 reference on the dequantised inputs, i.e. what
   the kernel must reproduce up to fp32 accumulation (and P rounding, in the production modes);
-* `simple_plan(kv_lens, q_len, num_cus)`: an even contiguous split used until/unless `mlalab.splitkv.make_plan`
-  is available (the planners proper live there).
+* `token_work_info(plan, kv_indptr, kv_last_page_len)`: a WorkPlan's page positions as the token positions the
+  kernel walks (done once per plan, in `TritonDecoder`), so every planner of `mlalab.splitkv` runs on paged KV.
+
+Plans come from `mlalab.splitkv.make_plan` (the Triton default is the ``simple`` planner).
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config import MLA
-from ..inputs import DecodeInputs
+from ..inputs import DecodeInputs, kv_lens_from_layout
 from ..quant import fp8_dtype, quantize_fp8_per_tensor
 from ..reference import decode_reference
+from .plan import WorkPlan
+from .planners import make_plan
 
 __all__ = [
     "Precision",
     "PreparedInputs",
     "prepare",
-    "SimplePlan",
-    "simple_plan",
     "check_plan",
+    "token_work_info",
     "KernelConfig",
     "TritonDecoder",
     "triton_decode",
@@ -127,115 +129,39 @@ def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_forma
 
 
 # ------------------------------------------------------------------------------------------------ plans
-@dataclass(frozen=True)
-class SimplePlan:
-    """A WorkPlan-shaped set of int32 tensors (same layout as mlalab.splitkv.WorkPlan)."""
-
-    work_indptr: torch.Tensor
-    work_info: torch.Tensor
-    reduce_indptr: torch.Tensor
-    reduce_final_map: torch.Tensor
-    reduce_partial_map: torch.Tensor
-    num_cus: int
-    batch: int
-    n_partial_rows: int
-
-    def to(self, device: str | torch.device) -> SimplePlan:
-        return SimplePlan(
-            *(t.to(device) for t in (self.work_indptr, self.work_info, self.reduce_indptr)),
-            self.reduce_final_map.to(device),
-            self.reduce_partial_map.to(device),
-            self.num_cus,
-            self.batch,
-            self.n_partial_rows,
-        )
-
-
-def simple_plan(
-    kv_lens: list[int] | tuple[int, ...],
-    q_len: int,
-    num_cus: int,
-    *,
-    block: int = 64,
-    kv_starts: list[int] | None = None,
-) -> SimplePlan:
-    """Even contiguous split: chunks of ~total_kv/num_cus tokens (multiples of `block`, grown until the works fit
-    in one wave of `num_cus` slots when the batch allows), then program ``c`` takes
-    works ``[c·W/num_cus, (c+1)·W/num_cus)``. `kv_starts` are each request's first token position (default: the
-    running sum of `kv_lens`, i.e. page size 1; for pages pass ``kv_indptr[b]·page_size``)."""
-    if num_cus < 1 or q_len < 1 or block < 1:
-        raise ValueError(f"num_cus, q_len and block must be >= 1, got {num_cus}, {q_len}, {block}")
-    lens = [int(n) for n in kv_lens]
-    if kv_starts is not None and len(kv_starts) != len(lens):
-        raise ValueError(f"kv_starts has {len(kv_starts)} entries for {len(lens)} requests")
-    total = sum(lens)
-    chunk = max(block, math.ceil(math.ceil(total / num_cus) / block) * block)
-    # One wave: grow the chunk until every work gets its own slot. Otherwise e.g. 64 x 8192 tokens on 132 slots
-    # splits each request in 3 (192 works) and 60 slots run two works: a 1.35x longer critical path (measured).
-    longest = max(lens, default=0)
-    while chunk < longest and sum(max(1, math.ceil(n / chunk)) for n in lens) > num_cus:
-        chunk += block
-    works: list[list[int]] = []
-    r_indptr, r_final, r_part = [0], [], []
-    kv0, p_rows = 0, 0
-    for b, n in enumerate(lens):
-        if kv_starts is not None:
-            kv0 = int(kv_starts[b])
-        nsplit = max(1, math.ceil(n / chunk))
-        per = math.ceil(math.ceil(n / nsplit) / block) * block if nsplit > 1 else n
-        qs, qe = b * q_len, (b + 1) * q_len
-        r_final.append([qs, qe])
-        if nsplit == 1:
-            works.append([b, -1, qs, qe, kv0, kv0 + n, 0, 0])
-            r_part.append(-1)
-        else:
-            for i in range(nsplit):
-                ks, ke = kv0 + min(n, i * per), kv0 + min(n, (i + 1) * per)
-                if ks >= ke:
-                    continue
-                works.append([b, p_rows, qs, qe, ks, ke, kv0 + n - ke, 0])
-                r_part.append(p_rows)
-                p_rows += q_len
-        r_indptr.append(len(r_part))
-        kv0 += n
-    nw = len(works)
-    w_indptr = [c * nw // num_cus for c in range(num_cus + 1)]
-    return SimplePlan(
-        torch.tensor(w_indptr, dtype=torch.int32),
-        torch.tensor(works, dtype=torch.int32).reshape(-1, 8),
-        torch.tensor(r_indptr, dtype=torch.int32),
-        torch.tensor(r_final, dtype=torch.int32).reshape(-1, 2),
-        torch.tensor(r_part, dtype=torch.int32),
-        num_cus,
-        len(lens),
-        p_rows,
-    )
-
-
-def check_plan(plan: Any, batch: int, total_q: int) -> None:
-    """Reject a plan that cannot belong to these tensors (wrong batch, missing fields, q rows out of range)."""
-    for name in ("work_indptr", "work_info", "reduce_indptr", "reduce_final_map", "reduce_partial_map"):
-        t = getattr(plan, name, None)
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
-            raise TypeError(f"plan.{name} must be an int32 tensor (a WorkPlan from mlalab.splitkv.make_plan)")
-    if int(plan.batch) != batch:
-        raise ValueError(f"plan was built for batch {int(plan.batch)} but the inputs have batch {batch}")
+def check_plan(plan: WorkPlan, batch: int, total_q: int, *, page_size: int | None = None) -> None:
+    """Reject a plan that cannot belong to these tensors (not a WorkPlan, wrong batch or page size, q rows out of
+    range). `WorkPlan.validate` checks the rest of the contract."""
+    if not isinstance(plan, WorkPlan):
+        raise TypeError(f"plan must be a WorkPlan (mlalab.splitkv.make_plan), got {type(plan).__name__}")
+    if plan.batch != batch:
+        raise ValueError(f"plan was built for batch {plan.batch} but the inputs have batch {batch}")
+    if page_size is not None and plan.page_size != page_size:
+        raise ValueError(f"plan was built for page size {plan.page_size} but the inputs have page size {page_size}")
     wi = plan.work_info
-    if wi.dim() != 2 or wi.shape[1] != 8:
-        raise ValueError(f"plan.work_info must be (n_work, 8), got {tuple(wi.shape)}")
     if wi.numel():
         wc = wi.cpu()
         if int(wc[:, 3].max()) > total_q or int(wc[:, 2].min()) < 0:
             raise ValueError(f"plan.work_info q rows lie outside [0, {total_q}): built for other inputs?")
 
 
-def _plan_partial_rows(plan: Any) -> int:
-    n = getattr(plan, "n_partial_rows", None)
-    if n is not None:
-        return int(n)
-    wi = plan.work_info.cpu()
-    split = wi[:, 1] >= 0
-    return int((wi[split, 1] + wi[split, 3] - wi[split, 2]).max()) if bool(split.any()) else 0
+def token_work_info(plan: WorkPlan, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor) -> torch.Tensor:
+    """``plan.work_info`` (CPU int32 copy) with kv_start / kv_end turned from ``kv_indices`` positions (pages) into
+    the token positions of the page-expanded list that the kernel walks.
+
+    Pages are page-aligned and only a request's last page is partial: ``tok_start = kv_start·page_size``,
+    ``tok_end = min(kv_end·page_size, kv_indptr[b]·page_size + kv_len[b])``. Identity at page size 1.
+    """
+    ps = plan.page_size
+    wi = plan.work_info.to("cpu", torch.int64).clone()
+    if wi.numel() == 0:
+        return wi.to(torch.int32)
+    lens = kv_lens_from_layout(kv_indptr, kv_last_page_len, ps)
+    req_end = kv_indptr.to("cpu", torch.int64)[:-1] * ps + lens  # first token position after each request
+    b = wi[:, 0]
+    wi[:, 4] = wi[:, 4] * ps
+    wi[:, 5] = torch.minimum(wi[:, 5] * ps, req_end[b])
+    return wi.to(torch.int32).contiguous()
 
 
 # ------------------------------------------------------------------------------------------------ launch
@@ -274,7 +200,7 @@ class TritonDecoder:
     def __init__(
         self,
         prepared: PreparedInputs,
-        plan: Any,
+        plan: WorkPlan,
         *,
         config: KernelConfig = KernelConfig(),
         out_dtype: torch.dtype = torch.bfloat16,
@@ -295,18 +221,21 @@ class TritonDecoder:
             raise ValueError(f"d_chunk must be 0 (off), 128 or 256, got {config.d_chunk}")
         if config.d_chunk and (config.transposed or config.qk_tokens_m):
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
-        check_plan(plan, prepared.batch, int(prepared.q.shape[0]))
+        check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
+        plan.validate(prepared.qo_indptr, prepared.kv_indptr)  # once per plan: a broken plan never reaches the GPU
         dev = prepared.q.device
         if dev.type == "cpu" and not K.INTERPRET:
             raise RuntimeError("the Triton backend needs a GPU (or TRITON_INTERPRET=1 for tiny CPU runs)")
         self.K = K
         self.p = prepared
         self.plan = plan.to(dev)
+        # the kernel walks token positions; WorkPlan counts kv_indices positions (pages): translate once, here
+        self.work_info = token_work_info(plan, prepared.kv_indptr, prepared.kv_last_page_len).to(dev)
         self.config = config
         self.pv_exact = bool(pv_exact or (K.INTERPRET and prepared.precision is not Precision.A8W8))
         self.sm_scale = MLA.sm_scale if sm_scale is None else float(sm_scale)
         total_q, H = int(prepared.q.shape[0]), MLA.num_heads
-        n_part = max(1, _plan_partial_rows(plan))
+        n_part = max(1, plan.n_partial_rows)
         self.out = torch.empty((total_q, H, MLA.v_dim), dtype=out_dtype, device=dev)
         self.lse = torch.empty((total_q, H), dtype=torch.float32, device=dev)
         self.part_o = torch.empty((n_part, H, MLA.v_dim), dtype=torch.float32, device=dev)
@@ -323,7 +252,7 @@ class TritonDecoder:
         kv = p.kv if kv is None else kv
         H, DV = MLA.num_heads, MLA.v_dim
         self.K.stage1_kernel[(self.n_cu,)](
-            q, kv, p.kv_indices, plan.work_indptr, plan.work_info,
+            q, kv, p.kv_indices, plan.work_indptr, self.work_info,
             self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
             q.stride(0), q.stride(1), kv.stride(0), self.out.stride(0), self.out.stride(1),
             H=H, D_NOPE=DV, D_ROPE=MLA.rope_dim, BLOCK_N=c.block_n, PAGE_SIZE=p.page_size,
@@ -344,7 +273,7 @@ class TritonDecoder:
         return self.out, self.lse
 
 
-def triton_decode(prepared: PreparedInputs, plan: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def triton_decode(prepared: PreparedInputs, plan: WorkPlan, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode through the Triton kernels (see `TritonDecoder` for the keyword options)."""
     return TritonDecoder(prepared, plan, **kw)()
 
@@ -364,20 +293,23 @@ def naive_decode(prepared: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def main() -> None:
-    """Demo: a tiny ragged a8w8 decode in Triton's CPU interpreter (set TRITON_INTERPRET=1) or on a GPU."""
+    """Demo: a tiny ragged, paged (permuted pages, one empty request) a8w8 decode under two planners, in Triton's
+    CPU interpreter (set TRITON_INTERPRET=1) or on a GPU."""
     from ..config import DecodeCase
     from ..inputs import make_inputs
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    case = DecodeCase(kv_lens=(37, 130, 64), seed=1)
-    prep = prepare(make_inputs(case).to(dev), "a8w8")
-    plan = simple_plan(case.kv_lens, case.q_len, num_cus=4, block=32)
-    out, lse = triton_decode(prep, plan, config=KernelConfig(block_n=32), out_dtype=torch.float32)
+    case = DecodeCase(kv_lens=(37, 130, 64, 0), seed=1, page_size=4, permute_pages=True)
+    x = make_inputs(case)
+    prep = prepare(x.to(dev), "a8w8")
     ref, ref_lse = naive_decode(prep)
-    err = float((out.cpu().double() - ref).norm() / ref.norm())
-    print(
-        f"a8w8 Triton vs dequantised fp64 reference: rel-L2 {err:.2e}, max |dLSE| {float((lse.cpu() - ref_lse).abs().max()):.2e}"
-    )
+    live = ref.norm(dim=-1) > 0
+    for name, knobs in (("simple", {"block": 8}), ("balanced", {"kv_granularity": 4})):
+        plan = make_plan(name, x.qo_indptr, x.kv_indptr, 8, page_size=4, kv_last_page_len=x.kv_last_page_len, **knobs)
+        out, lse = triton_decode(prep, plan, config=KernelConfig(block_n=32), out_dtype=torch.float32)
+        err = float((out.cpu().double() - ref)[live].norm() / ref[live].norm())
+        dlse = float((lse.cpu().double() - ref_lse)[live.all(-1)].abs().max())
+        print(f"{plan}: a8w8 Triton vs dequantised fp64 reference: rel-L2 {err:.2e}, max |dLSE| {dlse:.2e}")
 
 
 if __name__ == "__main__":
