@@ -10,7 +10,10 @@ counted once: KV bytes (576 B/token fp8, 1152 bf16) + q + bf16 output; TB/s = by
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import datetime
+import json
 import math
 import platform
 import statistics
@@ -34,6 +37,8 @@ __all__ = [
     "aiter_callable",
     "run_suite",
     "CSV_COLUMNS",
+    "config_string",
+    "parse_config",
     "main",
 ]
 
@@ -191,6 +196,60 @@ def _refs(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tens
     return cache["exact"], cache[precision]
 
 
+def config_string(backend: str, opts: dict[str, Any], plan: Any = None) -> str:
+    """The `config` column. Triton: the full `KernelConfig` the run used plus the plan options, as compact JSON
+    (``num_cus`` = the plan's slot count when `plan` is given). Other backends: ``k=v,...`` of their options."""
+    if not isinstance(opts, dict):
+        raise TypeError(f"opts must be a dict, got {type(opts).__name__}")
+    legacy = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+    if backend != "triton":
+        return legacy
+    from .splitkv.triton_mla import KernelConfig
+
+    fields = {f.name for f in dataclasses.fields(KernelConfig)}
+    try:
+        kernel = dataclasses.asdict(KernelConfig(**{k: v for k, v in opts.items() if k in fields}))
+    except TypeError:
+        return legacy  # unknown knobs: the run records the error; keep what was asked
+    d = {**kernel, **{k: v for k, v in sorted(opts.items()) if k not in fields}}
+    if plan is not None:
+        d["num_cus"] = int(plan.num_cus)
+    return json.dumps(d, separators=(",", ":"))
+
+
+def parse_config(s: object) -> dict[str, Any]:
+    """Read a `config` cell of any recorded run: ``""``/NaN (the defaults of that run's commit) -> ``{}``;
+    ``{json}`` (new runs) or ``k=v,...`` (old runs) -> the knobs; a ``name:`` prefix (scripts/perf_sweep.py's
+    variant) -> ``{"variant": name, ...}``; a bare word (e.g. ``bmm``) -> ``{"variant": word}``."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return {}
+    if not isinstance(s, str):
+        raise TypeError(f"config must be a string (or NaN for an empty cell), got {type(s).__name__}")
+    s = s.strip()
+    out: dict[str, Any] = {}
+    brace = s.find("{")
+    head = s[:brace] if brace >= 0 else s.split("=", 1)[0] if "=" in s else s
+    if ":" in head:
+        name, s = s.split(":", 1)
+        out["variant"] = name
+    if not s:
+        return out
+    if s.startswith("{"):
+        try:
+            return {**out, **json.loads(s)}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"config {s!r} is not valid JSON: {e}") from None
+    if "=" not in s:
+        return {**out, "variant": s}
+    for part in s.split(","):
+        k, _, v = part.partition("=")
+        try:
+            out[k.strip()] = ast.literal_eval(v.strip())
+        except (ValueError, SyntaxError):
+            out[k.strip()] = v.strip()
+    return out
+
+
 def bench_one(
     backend: str, x: Any, precision: str, *, planner: str = "-", copy_tbps: float, env: dict, refs: dict,
     calls_per_graph: int = 20, replays: int = 10, **opts: Any,
@@ -199,8 +258,7 @@ def bench_one(
     from .backends import get_backend
 
     B, L = x.batch, int(x.kv_lens[0])
-    cfg = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
-    rec = TimingRecord(backend, planner, precision, cfg, B, L, copy_tbps=copy_tbps, env=env)
+    rec = TimingRecord(backend, planner, precision, config_string(backend, opts), B, L, copy_tbps=copy_tbps, env=env)
     nbytes = _bytes(B, L, _kv_itemsize(precision), _q_itemsize(precision))
     rec.bytes = nbytes
     rec.floor_us = nbytes / (copy_tbps * 1e12) * 1e6
@@ -214,7 +272,9 @@ def bench_one(
             mod = get_backend(backend)
             if backend == "triton":
                 kw["planner"] = planner
-            call, _info = mod.make_callable(x, precision=precision, n_copies=n_copies, **kw)
+            call, info = mod.make_callable(x, precision=precision, n_copies=n_copies, **kw)
+            if backend == "triton":  # the config and plan slots actually used, not only the ones asked for
+                rec.config = config_string(backend, opts, info["plan"])
         out = call(0).float()
         torch.cuda.synchronize()
         exact, emul = _refs(x, precision, refs)
@@ -306,8 +366,10 @@ def run_suite(
                         rec = bench_one(be, x, prec, planner=pl, copy_tbps=bw, env=env, refs=refs,
                                         calls_per_graph=calls_per_graph, replays=replays, **c)  # fmt: skip
                     recs.append(rec)
+                    short = ",".join(f"{k}={v}" for k, v in sorted(c.items())) if be == "triton" else rec.config
+                    short = short or "defaults"
                     log(
-                        f"{be:16s} {pl:10s} {prec:6s} {rec.config:40s} B={B:4d} L={L:5d} {rec.us_median:9.2f} us "
+                        f"{be:16s} {pl:10s} {prec:6s} {short:40s} B={B:4d} L={L:5d} {rec.us_median:9.2f} us "
                         f"{rec.tbps:5.2f} TB/s {rec.pct_copy:5.1f}% err {rec.err_vs_exact:.2e} "
                         f"(quant {rec.err_quant_emulated:.2e}, vs emul {rec.err_vs_emulated:.2e}) {rec.status}"
                     )

@@ -8,8 +8,18 @@ import sys
 import pytest
 import torch
 
-from mlalab.plots.timing import bars_per_shape, best_per_shape, load_recorded, roofline_figure, speedup_table
-from mlalab.timing import COMPETITION_SHAPES, CSV_COLUMNS, copy_bandwidth, rel_l2
+from mlalab.plots.timing import (
+    bars_per_shape,
+    best_per_shape,
+    fastest_record,
+    load_recorded,
+    plan_of_record,
+    plan_time_facts,
+    roofline_figure,
+    speedup_table,
+)
+from mlalab.splitkv import indptrs_for, make_plan
+from mlalab.timing import COMPETITION_SHAPES, CSV_COLUMNS, config_string, copy_bandwidth, parse_config, rel_l2
 
 
 def test_recorded_csvs_have_the_schema_and_the_competition_suite() -> None:
@@ -54,3 +64,74 @@ def test_bench_cli_without_gpu_reads_recorded_data() -> None:
     r = subprocess.run([sys.executable, "-m", "mlalab", "bench", "--recorded"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "recorded data" in r.stdout and "flashmla" in r.stdout
+
+
+def test_best_per_shape_keeps_whole_rows() -> None:
+    # groupby().first() used to fill an empty config from a slower row: every returned row must exist as recorded
+    df = load_recorded()
+    d = best_per_shape(df, "triton", "a8w8")
+    cols = ["run", "batch", "kv_len", "us_median"]
+    for r in d.itertuples():
+        src = df[(df.run == r.run) & (df.batch == r.batch) & (df.kv_len == r.kv_len) & (df.us_median == r.us_median)]
+        assert len(src) == 1, r
+        same = src.iloc[0]
+        assert str(same["config"]) == str(r.config) and same["planner"] == r.planner, (r, same[cols])
+
+
+def test_config_column_is_the_full_kernel_config_and_old_cells_still_read() -> None:
+    from mlalab.splitkv.triton_mla import KernelConfig
+
+    plan = make_plan("simple", *indptrs_for([1024] * 4), 264)
+    s = config_string("triton", {"num_warps": 4, "plan_block": 128}, plan)
+    d = parse_config(s)
+    assert {k: d[k] for k in KernelConfig.__dataclass_fields__} == {**KernelConfig().__dict__, "num_warps": 4}
+    assert d["num_cus"] == 264 and d["plan_block"] == 128  # the plan slots actually used, and the plan knob
+    assert parse_config("dc256_w8:" + s)["variant"] == "dc256_w8"
+    assert config_string("flashmla", {}) == "" and config_string("aiter", {"b": 1, "a": True}) == "a=True,b=1"
+    # every recorded cell parses (old k=v, perf_sweep's "name:k=v", empty = that run's defaults)
+    for c in load_recorded()["config"]:
+        assert isinstance(parse_config(c), dict)
+    assert parse_config("num_cus=264,num_warps=8,transposed=True") == {
+        "num_cus": 264,
+        "num_warps": 8,
+        "transposed": True,
+    }
+    assert parse_config(float("nan")) == {} and parse_config("bmm") == {"variant": "bmm"}
+    with pytest.raises(TypeError, match="config"):
+        parse_config(3)
+    with pytest.raises(ValueError, match="JSON"):
+        parse_config("{bad")
+
+
+def test_plan_of_record_rebuilds_the_recorded_plan() -> None:
+    df = load_recorded()
+    row = fastest_record(df, 128, 8192)
+    plan = plan_of_record(row)
+    cfg = parse_config(row["config"])
+    assert plan.planner == row["planner"] and plan.num_cus == int(cfg.get("num_cus", row["sm_count"]))
+    assert plan.batch == 128 and int(plan.cu_loads().sum()) == 128 * 8192
+    f = plan_time_facts(row, plan)
+    loads = plan.cu_loads()
+    assert f["longest_tokens"] == int(loads.max()) and f["busy_slots"] == int((loads > 0).sum())
+    assert f["us_median"] == row["us_median"] and str(f["busy_slots"]) in f["sentence"]
+    with pytest.raises(ValueError, match="no triton a8w8 records for B3"):
+        fastest_record(df, 3, 1024)
+    with pytest.raises(ValueError, match="only triton rows"):
+        plan_of_record(fastest_record(df, 4, 1024, "flashmla"))
+
+
+def test_plan_time_panel_dropdown_redraws_the_plan() -> None:
+    from mlalab.widgets.timing import plan_time_panel
+
+    p = plan_time_panel()
+    assert [o[1] for o in p.shape.options] == COMPETITION_SHAPES
+    before_map = [tuple(map(tuple, t.z)) for t in p.work_map.data]
+    before_load = [tuple(t.y) for t in p.cu_load.data]
+    before_facts = p.facts.value
+    p.shape.value = (128, 8192)
+    assert [tuple(map(tuple, t.z)) for t in p.work_map.data] != before_map
+    assert [tuple(t.y) for t in p.cu_load.data] != before_load
+    assert p.facts.value != before_facts and "µs" in p.facts.value and p.message.value == ""
+    # a table without that shape: a message in the panel, empty figures, no traceback
+    q = plan_time_panel(load_recorded().query("batch != 4"))
+    assert "no triton a8w8 records for B4" in q.message.value and len(q.work_map.data) == 0
