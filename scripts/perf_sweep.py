@@ -2,6 +2,8 @@
 
 Usage (device machine): ``python scripts/perf_sweep.py --out $OUT/sweep.csv [--variants name,...]``.
 Prints one line per record and, at the end, the geomean µs per variant and its ratio to FlashMLA fp8's geomean.
+Every Triton variant runs the ``simple`` planner of `mlalab.splitkv` (``plan_block`` / ``num_cus`` set its block and
+plan slots); the CSV's `config` is ``variant:`` + the full KernelConfig as JSON (`mlalab.timing.parse_config`).
 """
 
 from __future__ import annotations
