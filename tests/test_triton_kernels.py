@@ -124,6 +124,11 @@ def test_triton_backend_rejects_unknown_kernel_knobs() -> None:
 
     with pytest.raises(TypeError, match="unknown triton option.*block_nn"):
         make_callable(make_inputs(DecodeCase(kv_lens=(40,))), block_nn=64)
+    # planner knobs are routed to the planner, not reported as unknown kernel knobs
+    with pytest.raises(TypeError, match=r"unknown triton option\(s\) block_nn; .*planner 'balanced' knobs: .*overhead"):
+        make_callable(make_inputs(DecodeCase(kv_lens=(40,))), planner="balanced", overhead=8, block_nn=64)
+    with pytest.raises(ValueError, match="unknown planner 'even'"):
+        make_callable(make_inputs(DecodeCase(kv_lens=(40,))), planner="even")
 
 
 _INTERP_FP16 = textwrap.dedent(

@@ -3,15 +3,17 @@
 Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16), ``fp8_format`` (e4m3fn | e4m3fnuz),
 ``planner`` (a name from `mlalab.splitkv.PLANNERS`; default "simple", the one-wave even split), ``num_cus``
 (plan slots; default: the GPU's SM count), ``plan_block`` (the simple planner's `block`: minimum work size in
-kv_indices positions, i.e. tokens at page size 1), ``plan`` (a ready WorkPlan), and the `KernelConfig` knobs
-(``block_n``, ``num_warps``, ``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``,
-``qk_tokens_m``, ``d_chunk``, ``chunk_pv``); unset knobs take KernelConfig's defaults, the configuration tuned
-on the H200.
+kv_indices positions, i.e. tokens at page size 1), ``plan`` (a ready WorkPlan), the planner's own knobs (e.g.
+``kv_granularity``, ``max_split_per_batch``), and the `KernelConfig` knobs (``block_n``, ``num_warps``,
+``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``, ``qk_tokens_m``, ``d_chunk``,
+``chunk_pv``); unset knobs take KernelConfig's defaults, the configuration tuned on the H200. Any page size works:
+the decoder turns the plan's page positions into token ranges once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from ..inputs import DecodeInputs
-from ..splitkv import WorkPlan, make_plan
+from ..splitkv import PLANNERS, WorkPlan, make_plan
 
 __all__ = ["probe", "decode", "make_callable", "build_plan"]
 
@@ -71,15 +73,26 @@ def make_callable(
     from ..splitkv.triton_mla import KernelConfig, TritonDecoder, prepare
 
     valid = {f.name for f in dataclasses.fields(KernelConfig)}
+    if planner not in PLANNERS:
+        raise ValueError(f"unknown planner {planner!r}; valid: {', '.join(PLANNERS)}")
+    # the planner's own knobs (kv_granularity, max_split_per_batch, ...) go to the planner, e.g. from the CLI
+    plan_valid = {n for n, p in inspect.signature(PLANNERS[planner]).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    plan_valid -= {"page_size", "kv_last_page_len"}  # taken from the inputs
+    plan_knobs = {k: knobs.pop(k) for k in list(knobs) if k in plan_valid and k not in valid}
     unknown = sorted(set(knobs) - valid)
     if unknown:
-        raise TypeError(f"unknown triton option(s) {', '.join(unknown)}; kernel knobs: {', '.join(sorted(valid))}")
+        raise TypeError(
+            f"unknown triton option(s) {', '.join(unknown)}; kernel knobs: {', '.join(sorted(valid))}; "
+            f"planner {planner!r} knobs: {', '.join(sorted(plan_valid))}"
+        )
+    if plan_block is not None:
+        plan_knobs["block"] = plan_block
     reason = probe()
     if reason is not None:
         raise RuntimeError(f"triton backend unavailable: {reason}")
     prep = prepare(inputs, precision, fp8_format)
     if plan is None:
-        plan = build_plan(inputs, planner, num_cus, **({} if plan_block is None else {"block": plan_block}))
+        plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     cfg = KernelConfig(**knobs)
     dec = TritonDecoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact)
     copies = [prep.kv] + [prep.kv.clone() for _ in range(max(0, n_copies - 1))]
