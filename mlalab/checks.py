@@ -16,6 +16,7 @@ __all__ = [
     "check_tensor",
     "check_indptr",
     "check_finite",
+    "check_int",
     "available_memory_bytes",
     "ensure_fits",
     "format_bytes",
@@ -50,6 +51,15 @@ def check_tensor(
             names = ", ".join(str(d).replace("torch.", "") for d in allowed_dt)
             raise TypeError(f"{name} must have dtype {names}; got {str(t.dtype).replace('torch.', '')}")
     return t
+
+
+def check_int(name: str, v: object, *, minimum: int | None = None) -> int:
+    """An int (not a bool, not a float that happens to be whole), optionally >= `minimum`."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
 
 
 def check_indptr(name: str, t: object, *, length: int | None = None, total: int | None = None) -> torch.Tensor:

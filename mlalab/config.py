@@ -124,11 +124,19 @@ class DecodeCase:
             raise TypeError(f"DecodeCase.seed must be an int, got {type(self.seed).__name__}")
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"DecodeCase.scale must be a positive finite float or None, got {self.scale!r}")
-        if not (math.isfinite(self.outlier_magnitude) and self.outlier_magnitude > 0):
+        if not isinstance(self.outlier_magnitude, (int, float)) or not (
+            math.isfinite(self.outlier_magnitude) and self.outlier_magnitude > 0
+        ):
             raise ValueError(f"DecodeCase.outlier_magnitude must be positive and finite, got {self.outlier_magnitude}")
+        if not isinstance(self.config, MLAConfig):
+            raise TypeError(f"DecodeCase.config must be an MLAConfig, got {type(self.config).__name__}")
+        if not isinstance(self.permute_pages, bool):
+            raise TypeError(f"DecodeCase.permute_pages must be a bool, got {self.permute_pages!r}")
+        if isinstance(self.outlier_channels, bool) or not isinstance(self.outlier_channels, int):
+            raise TypeError(f"DecodeCase.outlier_channels must be an int, got {self.outlier_channels!r}")
         if not (0 <= self.outlier_channels <= self.config.qk_dim):
             raise ValueError(f"DecodeCase.outlier_channels must be in [0, {self.config.qk_dim}]")
-        if not isinstance(self.page_size, int) or self.page_size < 1:
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
             raise ValueError(f"DecodeCase.page_size must be a positive int, got {self.page_size!r}")
 
     @classmethod

@@ -11,11 +11,12 @@ Layout conventions follow aiter's persistent decode (and FlashInfer's paged layo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .checks import ensure_fits
+from .checks import check_indptr, check_int, ensure_fits
 from .config import MLA, DecodeCase, InputDist
 
 __all__ = [
@@ -95,6 +96,10 @@ def sample(
     """
     d = InputDist.parse(dist)
     std = d.default_scale if scale is None else float(scale)
+    if not (math.isfinite(std) and std > 0):
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if d in (InputDist.COMPETITION, InputDist.UNIT):
         return torch.randn(shape, dtype=dtype, generator=generator) * std
     if d is InputDist.OUTLIERS:
@@ -113,9 +118,9 @@ def sample(
 
 
 def uniform_kv_lens(batch: int, kv_len: int) -> tuple[int, ...]:
-    if batch < 1 or kv_len < 1:
-        raise ValueError(f"batch and kv_len must be >= 1, got batch={batch}, kv_len={kv_len}")
-    return (int(kv_len),) * int(batch)
+    check_int("batch", batch, minimum=1)
+    check_int("kv_len", kv_len, minimum=1)
+    return (kv_len,) * batch
 
 
 def ragged_kv_lens(
@@ -123,11 +128,13 @@ def ragged_kv_lens(
 ) -> tuple[int, ...]:
     """Ragged lengths: log-uniform between `min_len` and `max_len` (default 4 × mean), rescaled so the mean
     is close to `mean_len` — short and very long requests side by side, as in real serving."""
-    if batch < 1 or mean_len < 1 or min_len < 0:
-        raise ValueError(f"need batch >= 1, mean_len >= 1, min_len >= 0; got {batch}, {mean_len}, {min_len}")
-    hi = max_len if max_len is not None else 4 * mean_len
-    if hi < max(min_len, 1):
-        raise ValueError(f"max_len {hi} < min_len {min_len}")
+    check_int("batch", batch, minimum=1)
+    check_int("mean_len", mean_len, minimum=1)
+    check_int("min_len", min_len, minimum=0)
+    check_int("seed", seed)
+    hi = check_int("max_len", max_len, minimum=1) if max_len is not None else 4 * mean_len
+    if not min_len <= mean_len <= hi:
+        raise ValueError(f"need min_len <= mean_len <= max_len, got {min_len}, {mean_len}, {hi}")
     g = torch.Generator().manual_seed(seed)
     lo = max(min_len, 1)
     u = torch.rand(batch, generator=g, dtype=torch.float64)
@@ -147,8 +154,9 @@ def paged_layout(
 
     A request with 0 tokens gets 0 pages and last_page_len 0. With `permute` the physical pages are a random
     permutation (so a correct reader must follow the table)."""
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    check_int("page_size", page_size, minimum=1)
+    for i, n in enumerate(kv_lens):
+        check_int(f"kv_lens[{i}]", n, minimum=0)
     n_pages = [(n + page_size - 1) // page_size for n in kv_lens]
     indptr = torch.zeros(len(kv_lens) + 1, dtype=torch.int32)
     indptr[1:] = torch.cumsum(torch.tensor(n_pages, dtype=torch.int64), 0).to(torch.int32)
@@ -163,6 +171,8 @@ def paged_layout(
 
 def kv_lens_from_layout(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
     """Tokens per request from an aiter-style page table (int64 CPU tensor)."""
+    check_indptr("kv_indptr", kv_indptr, length=kv_last_page_len.numel() + 1)
+    check_int("page_size", page_size, minimum=1)
     pages = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64).cpu()
     last = kv_last_page_len.to(torch.int64).cpu()
     return torch.where(pages > 0, (pages - 1) * page_size + last, torch.zeros_like(pages))

@@ -12,6 +12,7 @@ competition; no causal mask). Computation is float64 on the CPU and float32 on a
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -100,7 +101,8 @@ def check_decode_args(
         b = int(torch.nonzero(empty)[0])
         raise ValueError(
             f"request {b} has no KV tokens; the softmax over an empty set is undefined. "
-            "Pass empty_policy='zeros' to get output 0 and lse -inf (the identity of the LSE merge)"
+            "Pass empty_policy='zeros' (CLI: --empty-policy zeros) to get output 0 and lse -inf (the identity of the "
+            "LSE merge)"
         )
     if empty_policy not in ("error", "zeros"):
         raise ValueError(f"empty_policy must be 'error' or 'zeros', got {empty_policy!r}")
@@ -152,6 +154,8 @@ def decode_reference(
     if compute_dtype not in (torch.float32, torch.float64):
         raise TypeError(f"compute_dtype must be float32 or float64, got {compute_dtype}")
     scale = config.sm_scale if sm_scale is None else float(sm_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"sm_scale must be a positive finite float, got {sm_scale!r}")
     lens = kv_lens_from_layout(kv_indptr, kv_last_page_len, page_size)
     qo = qo_indptr.to("cpu", torch.int64)
     kvp = kv_indptr.to("cpu", torch.int64)
@@ -182,6 +186,8 @@ def decode_reference(
 
 def decode_inputs_reference(inputs: DecodeInputs, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
     """`decode_reference` on a `DecodeInputs` bundle."""
+    if not isinstance(inputs, DecodeInputs):
+        raise TypeError(f"inputs must be a DecodeInputs (see mlalab.make_inputs), got {type(inputs).__name__}")
     return decode_reference(
         inputs.q,
         inputs.kv_buffer,

@@ -218,7 +218,9 @@ def build_sections(
     if keys is not None:
         unknown = [k for k in keys if k not in SECTION_BUILDERS]
         if unknown:
-            raise ValueError(f"keys: unknown section(s) {unknown}; known: {list(SECTION_BUILDERS)}")
+            raise ValueError(
+                f"unknown report section(s) {unknown} (--sections / keys); known: {list(SECTION_BUILDERS)}"
+            )
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable or None")
     out = []
@@ -297,9 +299,12 @@ def write_report(
     opts: ReportOptions | None = None,
     keys: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    *,
+    strict: bool = False,
 ) -> tuple[Path, list[Section]]:
     """Build the sections (all, or `keys`) and write the page atomically (temp file in the same directory, then
-    os.replace), so a reader never sees half a page."""
+    os.replace), so a reader never sees half a page. With `strict`, an unavailable section raises ValueError and
+    nothing is written."""
     if not isinstance(out, (str, os.PathLike)):
         raise TypeError(f"out must be a path, got {type(out).__name__}")
     path = Path(out)
@@ -308,6 +313,9 @@ def write_report(
     if not path.parent.exists():
         raise ValueError(f"out: directory {str(path.parent)!r} does not exist")
     sections = build_sections(opts, keys, progress)
+    missing = [f"{s.key}: {s.unavailable}" for s in sections if s.unavailable]
+    if strict and missing:
+        raise ValueError(f"strict: section(s) unavailable, {path} not written: " + "; ".join(missing))
     text = render_html(sections, opts)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

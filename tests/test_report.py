@@ -145,7 +145,7 @@ def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli(["report", "--out", str(tmp_path / "r.html"), "--kv-len", "0"]) == 2
     assert "kv_len" in capsys.readouterr().err
     assert cli(["report", "--out", str(tmp_path / "r.html"), "--sections", "floor,nope"]) == 2
-    assert "unknown section" in capsys.readouterr().err
+    assert "unknown report section" in capsys.readouterr().err
     assert cli(["report", "--out", str(tmp_path / "r.html"), "--sections", "workmap", "--planner", "nope"]) == 2
     assert "planner" in capsys.readouterr().err
 

@@ -13,6 +13,7 @@ GPU peers pull in CUDA libraries; none of that may break ``import mlalab``.
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import ModuleType
 
 import torch
@@ -65,6 +66,14 @@ def decode(
     if not isinstance(inputs, DecodeInputs):
         raise TypeError(f"inputs must be a DecodeInputs (see mlalab.make_inputs), got {type(inputs).__name__}")
     mod = get_backend(backend)
+    params = inspect.signature(mod.decode).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        valid = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        bad = [k for k in options if k not in valid]
+        if bad:
+            raise TypeError(
+                f"backend {backend!r} takes no option {', '.join(map(repr, bad))}; its options: {', '.join(valid)}"
+            )
     reason = mod.probe()
     if reason is not None:
         raise RuntimeError(f"backend {backend!r} unavailable: {reason}")

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("quantization")
     g.add_argument("--q-scheme", default=None, help="q quantization scheme (mlalab.quant), default none")
     g.add_argument("--kv-scheme", default=None, help="KV quantization scheme (mlalab.quant), default none")
-    g.add_argument("--fp8-format", default=None, help="fp8 flavour: e4m3fn (default) or e4m3fnuz")
+    g.add_argument("--fp8-format", default=None, help="fp8 flavour: e4m3fn (default), e4m3fnuz, e4m3fnuz-224 or e5m2")
     p.add_argument(
         "--check",
         action="store_true",
@@ -51,7 +51,13 @@ def options_from_args(a: argparse.Namespace) -> dict[str, object]:
 
 def run(a: argparse.Namespace) -> int:
     case = case_from_args(a)
-    x = make_inputs(case, a.device)
+    if str(a.device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}: no GPU here (torch.cuda.is_available() is False); use --device cpu")
+    try:
+        device = torch.device(a.device)
+    except RuntimeError:
+        raise ValueError(f"--device {a.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    x = make_inputs(case, device)
     opts = options_from_args(a)
     t0 = time.perf_counter()
     out, lse = backend_decode(x, backend=a.backend, **opts)

@@ -88,6 +88,8 @@ def run(a: argparse.Namespace) -> int:
         print(f"{k:>24}: {v}")
     df = plan.to_frame()
     print()
+    if a.max_rows < 0:
+        raise ValueError(f"--max-rows must be >= 0, got {a.max_rows}")
     print(df.head(a.max_rows).to_string(index=False))
     if len(df) > a.max_rows:
         print(f"... {len(df) - a.max_rows} more works (use --json for all)")

@@ -18,6 +18,12 @@ ORDER = 10
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_case_arguments(p)
+    p.add_argument(
+        "--empty-policy",
+        choices=("error", "zeros"),
+        default="error",
+        help="a request with 0 KV tokens: refuse (default) or output 0 with LSE -inf",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -25,7 +31,7 @@ def run(a: argparse.Namespace) -> int:
     case = case_from_args(a)
     x = make_inputs(case)
     t0 = time.perf_counter()
-    out, lse = decode_inputs_reference(x)
+    out, lse = decode_inputs_reference(x, empty_policy=a.empty_policy)
     dt = time.perf_counter() - t0
     rec = {
         "case": case.short_str(),
@@ -43,9 +49,10 @@ def run(a: argparse.Namespace) -> int:
         "compute_dtype": str(out.dtype).replace("torch.", ""),
         "out_rms": float(out.pow(2).mean().sqrt()),
         "out_max_abs": float(out.abs().max()),
-        "lse_min": float(lse.min()),
-        "lse_mean": float(lse.mean()),
+        "lse_min": float(lse[torch.isfinite(lse)].min()) if bool(torch.isfinite(lse).any()) else float("-inf"),
+        "lse_mean": float(lse[torch.isfinite(lse)].mean()) if bool(torch.isfinite(lse).any()) else float("-inf"),
         "lse_max": float(lse.max()),
+        "empty_requests": sum(1 for n in case.kv_lens if n == 0),
         "log_kv_len_mean": float(torch.log(torch.tensor([float(n) for n in case.kv_lens])).mean()),
         "seconds": dt,
     }

@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strict",
         action="store_true",
-        help=f"exit 1 if any section ({', '.join(SECTION_BUILDERS)}) is unavailable",
+        help=f"fail (exit 2, nothing written) if any section ({', '.join(SECTION_BUILDERS)}) is unavailable",
     )
 
 
@@ -46,14 +46,19 @@ def run(a: argparse.Namespace) -> int:
         data_dir=a.data_dir if a.data_dir is not None else default_data_dir(),
     )
     path, sections = write_report(
-        a.out, opts, a.sections, progress=None if a.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        a.out,
+        opts,
+        a.sections,
+        progress=None if a.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+        strict=a.strict,
     )
     missing = [s for s in sections if s.unavailable]
     for s in sections:
         state = f"unavailable: {s.unavailable}" if s.unavailable else f"{len(s.figures)} figure(s)"
         print(f"  {s.key:<10} {state}")
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, plotly.js inline: opens offline)")
+    has_figures = any(s.figures for s in sections)
+    inline = "plotly.js inline: opens offline" if has_figures else "no figures"
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {inline})")
     if missing:
         print(f"warning: {len(missing)} section(s) unavailable (the page says why)", file=sys.stderr)
-        return 1 if a.strict else 0
     return 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import check_finite
 from ..config import DecodeCase
 from ..inputs import DecodeInputs
 from ..reference import check_decode_args
@@ -131,6 +132,7 @@ def emulate_plan(
     fp8_format: str = "e4m3fn",
     compute_dtype: torch.dtype = torch.float64,
     trace: bool = False,
+    allow_nonfinite: bool = False,
 ) -> EmulationResult:
     """Run `plan` on `inputs` exactly as a persistent kernel would, one CU after the other.
 
@@ -138,6 +140,8 @@ def emulate_plan(
     ``plan.n_partial_rows`` rows (initialised to NaN, so a row the plan forgot to write cannot go unnoticed);
     the reduce merges tiles with >= 2 entries. Quantization schemes (``mlalab.quant``) are applied as fake
     quantization before the math. Returns `EmulationResult` ``(out, lse, trace)`` in `compute_dtype`.
+    NaN/inf in the *inputs* are refused unless `allow_nonfinite` (non-finite values a quantization scheme itself
+    produces, e.g. an e4m3fnuz direct cast overflowing to NaN, are what the workbench studies, and do propagate).
     """
     if not isinstance(inputs, DecodeInputs):
         raise TypeError(f"inputs must be a DecodeInputs, got {type(inputs).__name__}")
@@ -156,6 +160,9 @@ def emulate_plan(
         inputs.kv_last_page_len,
         empty_policy="zeros",
     )
+    if not allow_nonfinite:
+        check_finite("q", inputs.q)
+        check_finite("kv_buffer", inputs.kv_buffer)
     plan = plan.to("cpu")
     plan.validate(inputs.qo_indptr, inputs.kv_indptr)
     if plan.kv_lens and list(plan.kv_lens) != inputs.kv_lens.tolist():
