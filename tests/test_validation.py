@@ -65,3 +65,13 @@ def test_backend_options_are_checked_per_backend(x) -> None:
         decode(x, backend="reference", planner="balanced")
     with pytest.raises(ValueError, match="unknown backend 'nope'; valid: reference"):
         decode(x, backend="nope")
+
+
+def test_paged_plans_need_the_last_page_lengths() -> None:
+    from mlalab.splitkv import make_plan
+
+    qo, kv = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 4, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_last_page_len is required when page_size > 1"):
+        make_plan("balanced", qo, kv, "h200", page_size=16)
+    plan = make_plan("balanced", qo, kv, "h200", page_size=16, kv_last_page_len=torch.tensor([2, 7]))
+    assert list(plan.kv_lens) == [3 * 16 + 2, 7]

@@ -19,7 +19,7 @@ our own:
 
 Shared knobs (all keyword-only): ``kv_granularity`` (power of two, units of kv_indptr; default 16),
 ``q_len`` (asserts every request has that many q rows; aiter's ``uni_seqlen_qo``), ``page_size`` (default 1)
-and ``kv_last_page_len`` (tokens in each request's last page; default full pages), and
+and ``kv_last_page_len`` (tokens in each request's last page; required when page_size > 1), and
 ``max_split_per_batch`` (alias ``num_kv_splits``) with a planner-specific meaning. Units: positions in
 ``kv_indices`` — tokens for page size 1 (the only layout aiter's bf16 persistent kernels are correct with).
 
@@ -122,6 +122,8 @@ def _prepare(
             raise ValueError(f"q_len={q_len} but request {bad[0]} has {qo[bad[0] + 1] - qo[bad[0]]} q rows")
     pages = [kvp[b + 1] - kvp[b] for b in range(B)]
     if kv_last_page_len is None:
+        if ps > 1:  # guessing "full last pages" would record wrong token counts and loads
+            raise ValueError("kv_last_page_len is required when page_size > 1 (tokens used in each last page)")
         lens = [p * ps for p in pages]
     else:
         check_tensor("kv_last_page_len", kv_last_page_len, shape=(B,), dtypes=(torch.int32, torch.int64))
