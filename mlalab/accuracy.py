@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from . import __version__
 from .config import DecodeCase, MLAConfig
 from .inputs import DecodeInputs, make_inputs
+from .io import atomic_write
 from .quant import get_fp8_format, get_kv_scheme, get_q_scheme
 from .reference import decode_reference
 
@@ -312,10 +312,8 @@ def save_table(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if p.suffix not in (".csv", ".parquet"):
         raise ValueError(f"path must end in .csv or .parquet, got {p.name!r}")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
+
+    def write(tmp: str) -> None:
         if p.suffix == ".csv":
             df.to_csv(tmp, index=False)
         else:
@@ -323,13 +321,8 @@ def save_table(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
                 df.to_parquet(tmp, index=False)
             except ImportError as e:
                 raise ValueError(f"writing Parquet needs pyarrow ({e}); use a .csv path") from None
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, p)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    atomic_write(p, write)
     return p
 
 

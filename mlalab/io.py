@@ -1,0 +1,48 @@
+"""Atomic file writes: a temporary file in the target's folder, then `os.replace`, so a reader (or a crash in the
+middle of a write) never sees a half-written file. Used by `mlalab.accuracy.save_table` and `mlalab.timing.write_csv`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["atomic_write", "main"]
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp)`` on a temporary path next to `path`, then rename it onto `path` (same folder, so the
+    rename is atomic). The folder is created if missing; the temp file is removed if `write` fails."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    if not callable(write):
+        raise TypeError(f"write must be callable (tmp_path) -> None, got {type(write).__name__}")
+    p = Path(path)
+    if not p.name:
+        raise ValueError(f"path must name a file, got {str(path)!r}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return p
+
+
+def main() -> None:
+    """Demo: write a file atomically into a temporary folder and read it back."""
+    with tempfile.TemporaryDirectory() as d:
+        p = atomic_write(os.path.join(d, "demo.txt"), lambda tmp: Path(tmp).write_text("hello\n"))
+        print(p, repr(p.read_text()), sorted(os.listdir(d)))
+
+
+if __name__ == "__main__":
+    main()
