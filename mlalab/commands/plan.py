@@ -29,7 +29,7 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, default_planner: str | Non
         type=int,
         default=None,
         help="num_kv_splits / max_split_per_batch (intra-batch: per-request cap, default 32, ignored on gfx942; "
-        "fast/balanced: global budget splits*B, default all CUs)",
+        "fast/balanced/simple: global budget splits*B, default all CUs; cost-heap: ignored, as in aiter)",
     )
     g.add_argument("--granularity", type=int, default=None, help="kv_granularity in tokens, a power of two (16)")
     g.add_argument("--overhead", type=int, default=None, help="balanced planner: per-work overhead in tokens (64)")

@@ -162,14 +162,18 @@ def _finish(x: _Batch, frags: list[Fragment], name: str, params: dict, **kw: str
 
 
 # ---------------------------------------------------------------------------------------------- v1.0
-def intra_batch_splits(kv_len: int, batch: int, num_cus: int, max_split_per_batch: int, arch: str) -> int:
+def intra_batch_splits(
+    kv_len: int, batch: int, num_cus: int, max_split_per_batch: int, arch: str, *, clamp: bool = True
+) -> int:
     """aiter v1.0 ``get_local_splits``: gfx942 always 16; other archs ``min(L // 196, ceil(CUs / B), max)``.
 
-    aiter does not clamp the latter, so requests under 196 tokens divide by zero on gfx950; we clamp to >= 1.
+    aiter does not clamp the latter, so requests under 196 tokens divide by zero on gfx950; we clamp to >= 1
+    (``clamp=False`` returns aiter's raw count, 0 included, for showing the hazard).
     """
     if arch == "gfx942":
         return 16
-    return max(1, min(kv_len // 196, _ceil(num_cus, batch), max_split_per_batch))
+    raw = min(kv_len // 196, _ceil(num_cus, batch), max_split_per_batch)
+    return max(1, raw) if clamp else raw
 
 
 def plan_intra_batch(
