@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         # User errors get one clear line, not a traceback.
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` etc.: stop quietly, like other command-line tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
