@@ -13,8 +13,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import datetime
+import hashlib
 import json
 import math
+import os
 import platform
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -24,6 +26,8 @@ import torch
 
 from .config import MLA, DecodeCase
 from .inputs import make_inputs
+from .io import atomic_write
+from .traffic import decode_traffic
 
 __all__ = [
     "COMPETITION_SHAPES",
@@ -37,8 +41,12 @@ __all__ = [
     "aiter_callable",
     "run_suite",
     "CSV_COLUMNS",
+    "call_bytes",
     "config_string",
     "parse_config",
+    "plan_digest",
+    "check_suite_args",
+    "write_csv",
     "main",
 ]
 
@@ -126,9 +134,16 @@ def time_callable(call: Any, n_copies: int, *, calls_per_graph: int = 20, replay
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    d = (x.double() - ref.double()).norm()
-    n = ref.double().norm()
-    return float(d / n) if float(n) > 0 else float(d)
+    """rel-L2 of `x` against `ref`: `mlalab.accuracy.output_metrics`'s definition (NaN for a zero reference), with
+    `x` reshaped to `ref`'s shape (a backend may return (B, H, Dv) where the reference gives (B*q_len, H, Dv))."""
+    from .accuracy import output_metrics
+
+    for name, t in (("x", x), ("ref", ref)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.numel() != ref.numel():
+        raise ValueError(f"x has {x.numel()} elements, ref {ref.numel()}")
+    return output_metrics(x.reshape(ref.shape).cpu(), ref.cpu())["rel_l2"]
 
 
 CSV_COLUMNS = [
@@ -166,9 +181,20 @@ class TimingRecord:
         return {k: d[k] for k in CSV_COLUMNS}
 
 
-def _bytes(batch: int, kv_len: int, kv_itemsize: int, q_itemsize: int) -> int:
-    H, D, Dv = MLA.num_heads, MLA.qk_dim, MLA.v_dim
-    return batch * kv_len * D * kv_itemsize + batch * H * D * q_itemsize + batch * H * Dv * 2
+PRECISIONS = ("a8w8", "a16w8", "bf16")
+
+
+def call_bytes(batch: int, kv_len: int, precision: str) -> int:
+    """The `bytes` column: `mlalab.traffic.decode_traffic` of B x L at `precision` (KV 576 B/token fp8 or 1152
+    bf16, q fp8 for a8w8 else bf16, bf16 output; each counted once)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    t = decode_traffic(DecodeCase.uniform(batch, kv_len), _kv_format(precision), float(_q_itemsize(precision)))
+    return int(round(t.total_bytes))
+
+
+def _kv_format(precision: str) -> str:
+    return "bf16" if precision == "bf16" else "fp8"
 
 
 def _kv_itemsize(precision: str) -> int:
@@ -177,6 +203,22 @@ def _kv_itemsize(precision: str) -> int:
 
 def _q_itemsize(precision: str) -> int:
     return 1 if precision == "a8w8" else 2
+
+
+def plan_digest(plan: Any) -> dict[str, Any]:
+    """A short fingerprint of a WorkPlan for the record: planner name, its knobs, plan slots, number of works and
+    the first 12 hex digits of a SHA-256 over ``work_indptr`` and ``work_info`` (int32, CPU). Two plans with the
+    same digest assign the same KV ranges to the same slots."""
+    from .splitkv import WorkPlan
+
+    if not isinstance(plan, WorkPlan):
+        raise TypeError(f"plan must be a WorkPlan, got {type(plan).__name__}")
+    h = hashlib.sha256()
+    for t in (plan.work_indptr, plan.work_info):
+        h.update(t.to("cpu", torch.int32).contiguous().numpy().tobytes())
+    params = {k: v for k, v in sorted(plan.params.items()) if isinstance(v, (int, float, str, bool)) or v is None}
+    return {"planner": plan.planner, "params": params, "num_cus": int(plan.num_cus), "n_work": plan.n_work,
+            "hash": h.hexdigest()[:12]}  # fmt: skip
 
 
 def _refs(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,7 +240,8 @@ def _refs(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tens
 
 def config_string(backend: str, opts: dict[str, Any], plan: Any = None) -> str:
     """The `config` column. Triton: the full `KernelConfig` the run used plus the plan options, as compact JSON
-    (``num_cus`` = the plan's slot count when `plan` is given). Other backends: ``k=v,...`` of their options."""
+    (``num_cus`` = the plan's slot count and ``plan`` = its `plan_digest` when `plan` is given). Other backends:
+    ``k=v,...`` of their options."""
     if not isinstance(opts, dict):
         raise TypeError(f"opts must be a dict, got {type(opts).__name__}")
     legacy = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
@@ -214,6 +257,7 @@ def config_string(backend: str, opts: dict[str, Any], plan: Any = None) -> str:
     d = {**kernel, **{k: v for k, v in sorted(opts.items()) if k not in fields}}
     if plan is not None:
         d["num_cus"] = int(plan.num_cus)
+        d["plan"] = plan_digest(plan)
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -259,7 +303,7 @@ def bench_one(
 
     B, L = x.batch, int(x.kv_lens[0])
     rec = TimingRecord(backend, planner, precision, config_string(backend, opts), B, L, copy_tbps=copy_tbps, env=env)
-    nbytes = _bytes(B, L, _kv_itemsize(precision), _q_itemsize(precision))
+    nbytes = call_bytes(B, L, precision)
     rec.bytes = nbytes
     rec.floor_us = nbytes / (copy_tbps * 1e12) * 1e6
     kv_bytes = B * L * MLA.qk_dim * _kv_itemsize(precision)
@@ -331,20 +375,62 @@ def reference_torch_callable(x: Any, n_copies: int) -> Any:
     return call
 
 
+BACKENDS = ("triton", "flashmla", "flashinfer", "reference-torch", "aiter")
+
+
+def check_suite_args(
+    suite: str = "competition",
+    backends: tuple[str, ...] = ("triton",),
+    precisions: tuple[str, ...] = PRECISIONS,
+    planners: tuple[str, ...] = ("simple",),
+    triton_configs: tuple[dict, ...] = ({},),
+    calls_per_graph: int = 20,
+    replays: int = 10,
+    out: str | os.PathLike[str] | None = None,
+    shapes: list[tuple[int, int]] | None = None,
+) -> None:
+    """Validate `run_suite`'s arguments before any GPU work (ValueError/TypeError naming the argument)."""
+    if shapes is None and suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    for name, v, lo in (("calls_per_graph", calls_per_graph, 1), ("replays", replays, 3)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    for name, vals, valid in (("backends", backends, BACKENDS), ("precisions", precisions, PRECISIONS)):
+        if not vals or any(v not in valid for v in vals):
+            raise ValueError(f"{name} must be a non-empty subset of {', '.join(valid)}; got {', '.join(vals) or '()'}")
+    from .splitkv import PLANNERS
+
+    if not planners or any(p not in PLANNERS for p in planners):
+        raise ValueError(f"planners must be a non-empty subset of {', '.join(PLANNERS)}; got {planners!r}")
+    if not triton_configs or not all(isinstance(c, dict) for c in triton_configs):
+        raise TypeError(f"triton_configs must be a non-empty sequence of dicts, got {triton_configs!r}")
+    if shapes is not None:
+        for b, L in shapes:
+            DecodeCase.uniform(b, L)  # raises ValueError naming batch / kv_len
+    if out is not None:
+        p = os.fspath(out)
+        if not str(p).endswith(".csv"):
+            raise ValueError(f"out must be a .csv path, got {p!r}")
+        folder = os.path.dirname(os.path.abspath(p))
+        if not os.path.isdir(folder):
+            raise ValueError(f"out: folder {folder!r} does not exist")
+
+
 def run_suite(
     suite: str = "competition",
     backends: tuple[str, ...] = ("triton", "flashmla", "flashinfer", "reference-torch"),
-    precisions: tuple[str, ...] = ("a8w8", "a16w8", "bf16"),
+    precisions: tuple[str, ...] = PRECISIONS,
     planners: tuple[str, ...] = ("simple",),
     triton_configs: tuple[dict, ...] = ({},),
     shapes: list[tuple[int, int]] | None = None,
     calls_per_graph: int = 20,
     replays: int = 10,
     log: Any = print,
+    out: str | os.PathLike[str] | None = None,
 ) -> list[TimingRecord]:
-    """Time every backend x precision (x planner x kernel config for triton) on every shape of `suite`."""
-    if suite not in SUITES and shapes is None:
-        raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    """Time every backend x precision (x planner x kernel config for triton) on every shape of `suite`. With
+    `out`, the CSV is rewritten atomically after each shape, so a crash keeps every finished shape."""
+    check_suite_args(suite, backends, precisions, planners, triton_configs, calls_per_graph, replays, out, shapes)
     env = gpu_info()
     bw = copy_bandwidth()
     log(f"# {env}  copy {bw:.3f} TB/s")
@@ -375,13 +461,15 @@ def run_suite(
                     )
         del x, refs
         torch.cuda.empty_cache()
+        if out is not None:
+            write_csv(recs, out)
     return recs
 
 
 def _bench_reference_torch(x: Any, bw: float, env: dict, refs: dict, cpg: int, reps: int) -> TimingRecord:
     B, L = x.batch, int(x.kv_lens[0])
     rec = TimingRecord("reference-torch", "-", "bf16", "bmm", B, L, copy_tbps=bw, env=env)
-    rec.bytes = _bytes(B, L, 2, 2)
+    rec.bytes = call_bytes(B, L, "bf16")
     rec.floor_us = rec.bytes / (bw * 1e12) * 1e6
     try:
         n = int(min(16, max(2, math.ceil(4 * L2_BYTES / (B * L * 1152)))))
@@ -399,14 +487,22 @@ def _bench_reference_torch(x: Any, bw: float, env: dict, refs: dict, cpg: int, r
     return rec
 
 
-def write_csv(recs: list[TimingRecord], path: str) -> None:
+def write_csv(recs: list[TimingRecord], path: str | os.PathLike[str]) -> None:
+    """Write the records as CSV (`CSV_COLUMNS`) atomically (`mlalab.io.atomic_write`): readers and crashes never
+    see a half-written file."""
     import csv
 
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        for r in recs:
-            w.writerow(r.row())
+    if not all(isinstance(r, TimingRecord) for r in recs):
+        raise TypeError("recs must be a list of TimingRecord")
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+            w.writeheader()
+            for r in recs:
+                w.writerow(r.row())
+
+    atomic_write(path, write)
 
 
 def main() -> None:
