@@ -392,7 +392,7 @@ def check_suite_args(
     """Validate `run_suite`'s arguments before any GPU work (ValueError/TypeError naming the argument)."""
     if shapes is None and suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
-    for name, v, lo in (("calls_per_graph", calls_per_graph, 1), ("replays", replays, 3)):
+    for name, v, lo in (("calls_per_graph (--calls)", calls_per_graph, 1), ("replays (--replays)", replays, 3)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     for name, vals, valid in (("backends", backends, BACKENDS), ("precisions", precisions, PRECISIONS)):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 
@@ -32,49 +31,80 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[{}],
         help='JSON list of kernel configs, e.g. \'[{"block_n":64,"transposed":true}]\'',
     )
-    p.add_argument("--calls", type=int, default=20, help="calls per CUDA graph (default 20)")
-    p.add_argument("--replays", type=int, default=10, help="graph replays (default 10)")
-    p.add_argument("--out", default=None, help="CSV path for the records")
+    p.add_argument("--calls", type=int, default=20, help="calls per CUDA graph (>= 1, default 20)")
+    p.add_argument("--replays", type=int, default=10, help="graph replays (>= 3, default 10)")
+    p.add_argument("--out", default=None, help="CSV path for the records (rewritten atomically after each shape)")
     p.add_argument("--recorded", action="store_true", help="summarise data/timings/*.csv instead of measuring")
+    p.add_argument("--run", default=None, help="with --recorded: the file to show (default: newest full suite run)")
+    p.add_argument(
+        "--best-of-all",
+        action="store_true",
+        help="with --recorded: fastest row per shape over every run and config (labelled, winners listed)",
+    )
 
 
-def summarise_recorded(data_dir: str = DATA_DIR) -> int:
-    import pandas as pd
+def summarise_recorded(data_dir: str = DATA_DIR, *, best_of_all: bool = False, run: str | None = None) -> int:
+    """Print the recorded µs per (backend, precision) x shape of one view (`mlalab.plots.timing.recorded_view`):
+    one run by default, or best of all with the winning run · planner · config per shape."""
+    from ..plots.timing import load_recorded, recorded_view, speedup_table, winners_table
 
-    files = sorted(glob.glob(os.path.join(data_dir, "*.csv")))
-    if not files:
-        print(f"no recorded timings under {data_dir}")
+    try:
+        df = load_recorded(data_dir)
+    except FileNotFoundError as e:
+        print(str(e))
         return 1
-    df = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
-    df = df[df["status"] == "ok"]
-    print(f"recorded data ({', '.join(os.path.basename(f) for f in files)}): {df['gpu'].iloc[0]}, {df['date'].iloc[0]}")
-    best = df.groupby(["backend", "precision", "batch", "kv_len"])["us_median"].min().unstack(["batch", "kv_len"])
-    print(best.round(2).to_string())
+    view = recorded_view(df, best_of_all=best_of_all, run=run)
+    rows = view.rows
+    print(f"recorded data: {view.label}")
+    print(f"files read: {', '.join(view.files)}; {rows['gpu'].iloc[0]}, {', '.join(sorted(set(rows['date'])))}")
+    table = rows.set_index(["backend", "precision", "batch", "kv_len"])["us_median"].unstack(["batch", "kv_len"])
+    print(table.round(2).to_string())
+    have = set(zip(rows["backend"], rows["precision"]))
+    peers = [s for s in (("flashmla", "a8w8"), ("flashmla", "bf16")) if s in have]
+    if ("triton", "a8w8") in have and peers:
+        t = speedup_table(view, ("triton", "a8w8"), peers)
+        print("speedup (peer µs / triton a8w8 µs; > 1: ours faster):")
+        print(t.round(2).to_string())
+    if best_of_all:
+        print("winning run · planner · config per shape:")
+        print(winners_table(view, sorted(have)).round(2).to_string(index=False))
     return 0
 
 
 def run(a: argparse.Namespace) -> int:
     import torch
 
-    if a.recorded or not torch.cuda.is_available():
-        if not a.recorded:
-            print("no GPU here (torch.cuda.is_available() is False): showing the recorded H200 data instead")
-        return summarise_recorded()
-    from ..timing import run_suite, write_csv
+    from ..timing import check_suite_args
 
-    if a.calls < 1 or a.replays < 3:
-        raise ValueError("--calls must be >= 1 and --replays >= 3")
-    recs = run_suite(
-        a.suite,
+    if a.recorded:
+        if a.out is not None:
+            raise ValueError("--out is for measuring; --recorded only reads data/timings")
+        if a.best_of_all and a.run is not None:
+            raise ValueError("--run and --best-of-all exclude each other")
+        return summarise_recorded(best_of_all=a.best_of_all, run=a.run)
+    if a.best_of_all or a.run is not None:
+        raise ValueError("--best-of-all and --run select recorded data: add --recorded")
+    if not isinstance(a.triton_configs, list):
+        raise TypeError(f"--triton-configs must be a JSON list of objects, got {a.triton_configs!r}")
+    kw = dict(
         backends=a.backends,
         precisions=a.precisions,
         planners=a.planners,
         triton_configs=tuple(a.triton_configs),
         calls_per_graph=a.calls,
         replays=a.replays,
+        out=a.out,
     )
+    check_suite_args(a.suite, **kw)  # every argument checked before anything is measured
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "measuring needs a GPU (torch.cuda.is_available() is False); "
+            "`python -m mlalab bench --recorded` shows the recorded H200 runs"
+        )
+    from ..timing import run_suite
+
+    recs = run_suite(a.suite, **kw)
     if a.out:
-        write_csv(recs, a.out)
         print(f"wrote {len(recs)} records to {a.out}")
     return 0
 

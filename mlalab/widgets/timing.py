@@ -1,7 +1,7 @@
-"""Panels for notebook 04: pick backends, planner, precision and a shape; bars, bandwidth and speedup update
-(`timing_panel`); pick a shape and see the work map and per-CU load of the plan behind its fastest recorded Triton
-time (`plan_time_panel`). Live measurement needs a GPU; without one the panels show the recorded H200 data and
-say so."""
+"""Panels for notebook 04: pick backends, planner, precision, run (or best of all runs) and the bars, bandwidth and
+speedup update (`timing_panel`); pick a shape and see the work map and per-CU load of the plan behind the Triton
+time the view shows (`plan_time_panel`). Every view names the file(s) it read. Live measurement needs a GPU;
+without one the panels show the recorded H200 data and say so."""
 
 from __future__ import annotations
 
@@ -13,14 +13,18 @@ import plotly.graph_objects as go
 import torch
 
 from ..plots.timing import (
+    RecordedView,
     bandwidth_figure,
     bars_per_shape,
-    fastest_record,
+    default_run,
     load_recorded,
     plan_of_record,
     plan_time_facts,
     plan_time_figures,
+    record_for_shape,
+    recorded_view,
     speedup_table,
+    winners_table,
 )
 from ..timing import COMPETITION_SHAPES
 
@@ -33,58 +37,89 @@ class TimingPanel:
     backends: W.SelectMultiple
     precision: W.Dropdown
     planner: W.Dropdown
+    run: W.Dropdown
+    best_of_all: W.Checkbox
     bars: go.FigureWidget
     bandwidth: go.FigureWidget
+    view: W.HTML
     message: W.HTML
     table: W.HTML
 
 
-def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
-    source = "live GPU available: run `python -m mlalab bench` to add records;" if torch.cuda.is_available() else ""
+def _check_df(df: object) -> pd.DataFrame:
     if df is None:
-        df = load_recorded()
+        return load_recorded()
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"df must be a pandas DataFrame of timing records, got {type(df).__name__}")
+    return df
+
+
+def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
+    """Backends / precision / planner / run controls over the recorded timings. Default: ONE run (the newest full
+    suite run) with Triton at its default config; the "best of all" box switches to the fastest row per shape
+    over every run and config, labelled as such with the winning run · config per shape."""
+    df = _check_df(df)
+    source = "live GPU available: run `python -m mlalab bench` to add records;" if torch.cuda.is_available() else ""
     note = W.HTML(
         f"<b>{source or 'No GPU here: showing the recorded H200 data (data/timings)'}</b> — "
-        f"{df['gpu'].iloc[0]}, {df['date'].iloc[0]}, copy bandwidth {df['copy_tbps'].median():.2f} TB/s"
+        f"{df['gpu'].iloc[0]}, {df['date'].iloc[0]}"
     )
     backends = W.SelectMultiple(options=sorted(df["backend"].unique()), value=("triton", "flashmla"),
                                 description="backends")  # fmt: skip
     precision = W.Dropdown(options=sorted(df["precision"].unique()), value="a8w8", description="precision")
-    planner = W.Dropdown(options=sorted(df.loc[df["backend"] == "triton", "planner"].unique()), description="planner")
-    message, table = W.HTML(), W.HTML()
+    planner = W.Dropdown(options=sorted(df.loc[df["backend"] == "triton", "planner"].unique()), value="simple",
+                         description="planner")  # fmt: skip
+    runs = sorted(df["run"].astype(str).unique())
+    try:
+        first = default_run(df)
+    except ValueError:
+        first = runs[-1]
+    run = W.Dropdown(options=runs, value=first, description="run (file)", style={"description_width": "initial"})
+    best = W.Checkbox(value=False, description="best of all runs and configs (fastest row per shape)", indent=False)
+    view_html, message, table = W.HTML(), W.HTML(), W.HTML()
     bars, bw = go.FigureWidget(), go.FigureWidget()
 
     def refresh(*_: object) -> None:
-        series = [(b, precision.value) for b in backends.value
-                  if not df[(df["backend"] == b) & (df["precision"] == precision.value)].empty]  # fmt: skip
+        run.disabled = best.value
+        try:
+            view: RecordedView = recorded_view(
+                df, best_of_all=best.value, run=None if best.value else run.value, planner=planner.value
+            )
+        except ValueError as e:
+            view_html.value, message.value, table.value = "", f"<i>{e}</i>", ""
+            for fw in (bars, bw):
+                _replace(fw, None)
+            return
+        view_html.value = f"<b>Showing:</b> {view.label}. <b>Files read:</b> {', '.join(view.files)}."
+        have = set(zip(view.rows["backend"], view.rows["precision"]))
+        series = [(b, precision.value) for b in backends.value if (b, precision.value) in have]
         missing = [b for b in backends.value if (b, precision.value) not in series]
         message.value = (
-            (
-                f"<i>no records for {', '.join(missing)} at precision {precision.value} "
-                "(flashmla: bf16/a8w8, flashinfer: bf16/a16w8, reference-torch: bf16)</i>"
-            )
+            f"<i>no records for {', '.join(missing)} at precision {precision.value} in this view "
+            "(flashmla: bf16/a8w8, flashinfer: bf16/a16w8, reference-torch: bf16; Triton: only the default config "
+            "of the chosen planner unless best of all is on)</i>"
             if missing
             else ""
         )
         for fw, build in ((bars, bars_per_shape), (bw, bandwidth_figure)):
-            with fw.batch_update():
-                fw.data = ()
-                if series:
-                    f = build(df, series, planner.value)
-                    fw.add_traces(list(f.data))
-                    fw.layout = f.layout
+            _replace(fw, build(view, series) if series else None)
         ours = ("triton", precision.value)
         peers = [s for s in series if s[0] != "triton"]
-        if ("triton", precision.value) in series and peers:
-            table.value = "<b>speedup (peer µs / triton µs)</b>" + speedup_table(df, ours, peers).round(2).to_html()
-        else:
-            table.value = ""
+        html = ""
+        if ours in series and peers:
+            html = "<b>speedup (peer µs / triton µs)</b>" + speedup_table(view, ours, peers).round(2).to_html()
+        if view.best_of_all and series:
+            html += "<b>which run · planner · config won each shape</b>" + winners_table(view, series).round(1).to_html(
+                index=False
+            )
+        table.value = html
 
-    for w in (backends, precision, planner):
+    for w in (backends, precision, planner, run, best):
         w.observe(refresh, names="value")
     refresh()
-    panel = W.VBox([note, W.HBox([backends, W.VBox([precision, planner])]), message, bars, bw, table])
-    return TimingPanel(panel, backends, precision, planner, bars, bw, message, table)
+    controls = W.HBox([backends, W.VBox([precision, planner, run, best])])
+    panel = W.VBox([note, controls, view_html, message, bars, bw, table])
+    return TimingPanel(panel, backends, precision, planner, run, best, bars, bw, view_html, message, table)
 
 
 @dataclass
@@ -108,16 +143,18 @@ def _replace(fw: go.FigureWidget, fig: go.Figure | None) -> None:
 
 
 def plan_time_panel(
-    df: pd.DataFrame | None = None, precision: str = "a8w8", shape: tuple[int, int] = (4, 1024)
-) -> PlanTimePanel:
-    """Shape dropdown (the 12 competition shapes) -> the plan of the fastest recorded Triton row at `precision`,
-    rebuilt from its planner name and plan slots, drawn as a work map and per-CU load beside the measured time."""
-    if df is None:
-        df = load_recorded()
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"df must be a pandas DataFrame of timing records, got {type(df).__name__}")
+    df: pd.DataFrame | None = None, precision: str = "a8w8", shape: tuple[int, int] = (4, 1024),
+    best_of_all: bool = False,
+) -> PlanTimePanel:  # fmt: skip
+    """Shape dropdown (the 12 competition shapes) -> the plan of the Triton row the timing view shows at
+    `precision` (one run's default config; the fastest row over all runs with `best_of_all`), rebuilt from its
+    planner name and plan slots, drawn as a work map and per-CU load beside the measured time. Says whether the
+    rebuilt plan is the measured one (plan digest in the record) or only today's plan (older runs)."""
+    df = _check_df(df)
     if tuple(shape) not in COMPETITION_SHAPES:
         raise ValueError(f"shape must be one of the competition shapes {COMPETITION_SHAPES}, got {shape!r}")
+    if not isinstance(best_of_all, bool):
+        raise TypeError(f"best_of_all must be a bool, got {type(best_of_all).__name__}")
     options = [(f"B{b} × L{L}", (b, L)) for b, L in COMPETITION_SHAPES]
     dd = W.Dropdown(options=options, value=tuple(shape), description="shape (batch × KV tokens)",
                     style={"description_width": "initial"})  # fmt: skip
@@ -127,7 +164,7 @@ def plan_time_panel(
     def refresh(*_: object) -> None:
         b, L = dd.value
         try:
-            row = fastest_record(df, b, L, "triton", precision)
+            row = record_for_shape(df, b, L, "triton", precision, best_of_all=best_of_all)
             plan = plan_of_record(row)
         except ValueError as e:  # no record, or a planner that cannot rebuild it: say so in the panel
             message.value = f"<i>{e}</i>"
@@ -141,11 +178,12 @@ def plan_time_panel(
         _replace(cu_load, cl)
         message.value = ""
         cfg = row["config"] if isinstance(row["config"], str) else "the defaults of that run"
+        how = "fastest over all runs and configs" if best_of_all else "default config of one run"
         facts.value = (
             f"<b>measured {f['us_median']:.1f} µs per call, {f['pct_copy']:.1f} % of copy bandwidth</b> "
-            f"(planner <code>{f['planner']}</code>, {f['slots']} plan slots on {f['sm_count']} SMs, "
+            f"({how}: planner <code>{f['planner']}</code>, {f['slots']} plan slots on {f['sm_count']} SMs, "
             f"{f['works']} works; config <code>{cfg}"
-            f"</code>, {row['run']})<br>{f['sentence']}"
+            f"</code>; file {row['run']})<br>{f['sentence']}"
         )
 
     dd.observe(refresh, names="value")
