@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from mlalab.accuracy import output_metrics
 from mlalab.plots.timing import (
     bars_per_shape,
     best_per_shape,
@@ -15,6 +17,7 @@ from mlalab.plots.timing import (
     load_recorded,
     plan_of_record,
     plan_time_facts,
+    record_for_shape,
     roofline_figure,
     speedup_table,
 )
@@ -37,7 +40,9 @@ def test_figures_and_speedups_from_recorded_data() -> None:
     assert len(f.data) == 3
     assert len(roofline_figure(df, [("triton", "bf16")]).data) == 2
     t = speedup_table(df, ("triton", "a8w8"), [("flashmla", "a8w8")])
-    assert t.shape == (13, 1)
+    assert t.shape == (13, 1) and "run3" in t.attrs["view"]
+    tb = speedup_table(df, ("triton", "a8w8"), [("flashmla", "a8w8")], best_of_all=True)
+    assert tb.shape == (13, 3) and "best of" in tb.attrs["view"]  # ratios + which run/config won per series
     with pytest.raises(ValueError, match="no records"):
         best_per_shape(df, "flashinfer", "a8w8")
 
@@ -46,15 +51,30 @@ def test_panel_controls_change_the_figure() -> None:
     from mlalab.widgets.timing import timing_panel
 
     p = timing_panel()
+    assert "run3" in p.view.value and p.run.value == "h200_2026-12-02_run3.csv"
     before = [tuple(t.y) for t in p.bars.data]
     p.precision.value = "bf16"
     assert [tuple(t.y) for t in p.bars.data] != before
     p.precision.value = "a16w8"
     assert "flashmla" in p.message.value  # flashmla has no a16w8: message, not a traceback
+    p.precision.value = "a8w8"
+    default = [tuple(t.y) for t in p.bars.data]
+    p.best_of_all.value = True  # best of N: faster bars, labelled, winners listed
+    assert "best of" in p.view.value and "won each shape" in p.table.value and p.run.disabled
+    best = [tuple(t.y) for t in p.bars.data]
+    assert best != default and all(b <= d for bs, ds in zip(best, default) for b, d in zip(bs, ds))
+    p.best_of_all.value = False
+    p.planner.value = "balanced"  # run3 has no balanced rows: message, empty figure
+    assert "triton" in p.message.value and all(t.name != "triton a8w8" for t in p.bars.data)
 
 
 def test_rel_l2_and_gpu_required() -> None:
     assert rel_l2(torch.ones(4), torch.ones(4)) == 0.0
+    assert math.isnan(rel_l2(torch.ones(4), torch.zeros(4)))  # accuracy.output_metrics's definition, one place
+    x, ref = torch.randn(2, 16, 8), torch.randn(2, 16, 8)
+    assert rel_l2(x, ref) == output_metrics(x, ref)["rel_l2"] and rel_l2(x.reshape(32, 8), ref) == rel_l2(x, ref)
+    with pytest.raises(ValueError, match="elements"):
+        rel_l2(torch.ones(3), torch.ones(4))
     if not torch.cuda.is_available():
         with pytest.raises((RuntimeError, AssertionError)):
             copy_bandwidth()
@@ -64,6 +84,11 @@ def test_bench_cli_without_gpu_reads_recorded_data() -> None:
     r = subprocess.run([sys.executable, "-m", "mlalab", "bench", "--recorded"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "recorded data" in r.stdout and "flashmla" in r.stdout
+    assert "files read: h200_2026-12-02_run3.csv" in r.stdout and "498.67" in r.stdout  # one run, not min over all
+    assert "477" not in r.stdout  # the d-chunk sweep's variant is not in the default view
+    r = subprocess.run([sys.executable, "-m", "mlalab", "bench", "--recorded", "--best-of-all"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0 and "best of up to" in r.stdout and "sweep_dchunk" in r.stdout
 
 
 def test_best_per_shape_keeps_whole_rows() -> None:
@@ -105,7 +130,12 @@ def test_config_column_is_the_full_kernel_config_and_old_cells_still_read() -> N
 
 def test_plan_of_record_rebuilds_the_recorded_plan() -> None:
     df = load_recorded()
-    row = fastest_record(df, 128, 8192)
+    row = record_for_shape(df, 128, 8192)
+    assert (
+        row["run"] == "h200_2026-12-02_run3.csv"
+        and row["us_median"]
+        == fastest_record(load_recorded().query("run == 'h200_2026-12-02_run3.csv'"), 128, 8192)["us_median"]
+    )
     plan = plan_of_record(row)
     cfg = parse_config(row["config"])
     assert plan.planner == row["planner"] and plan.num_cus == int(cfg.get("num_cus", row["sm_count"]))
@@ -114,6 +144,7 @@ def test_plan_of_record_rebuilds_the_recorded_plan() -> None:
     loads = plan.cu_loads()
     assert f["longest_tokens"] == int(loads.max()) and f["busy_slots"] == int((loads > 0).sum())
     assert f["us_median"] == row["us_median"] and str(f["busy_slots"]) in f["sentence"]
+    assert f["plan_check"] == "unknown" and "not necessarily the measured one" in f["sentence"]
     with pytest.raises(ValueError, match="no triton a8w8 records for B3"):
         fastest_record(df, 3, 1024)
     with pytest.raises(ValueError, match="only triton rows"):
@@ -134,4 +165,6 @@ def test_plan_time_panel_dropdown_redraws_the_plan() -> None:
     assert p.facts.value != before_facts and "µs" in p.facts.value and p.message.value == ""
     # a table without that shape: a message in the panel, empty figures, no traceback
     q = plan_time_panel(load_recorded().query("batch != 4"))
+    assert "no full suite run" in q.message.value and len(q.work_map.data) == 0
+    q = plan_time_panel(load_recorded().query("batch != 4"), best_of_all=True)
     assert "no triton a8w8 records for B4" in q.message.value and len(q.work_map.data) == 0

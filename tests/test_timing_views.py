@@ -1,0 +1,192 @@
+"""Honest views of the recorded timings: one run by default (the numbers the README quotes), best-of-N only when
+asked and then labelled; bench's argument checks; atomic CSVs; bytes/FLOPs from mlalab.traffic; plan digests."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from mlalab.__main__ import main as cli
+from mlalab.config import DecodeCase
+from mlalab.io import atomic_write
+from mlalab.plots.timing import (
+    BF16_MATMUL_ROOF_TFLOPS,
+    ROOF_SOURCE,
+    bars_per_shape,
+    default_run,
+    headline,
+    is_default_config,
+    load_recorded,
+    plan_check,
+    plan_of_record,
+    record_for_shape,
+    recorded_view,
+    roofline_figure,
+)
+from mlalab.report import ReportOptions, section_timings
+from mlalab.splitkv import indptrs_for, make_plan
+from mlalab.timing import (
+    COMPETITION_SHAPES,
+    CSV_COLUMNS,
+    TimingRecord,
+    call_bytes,
+    check_suite_args,
+    config_string,
+    run_suite,
+    write_csv,
+)
+from mlalab.traffic import decode_traffic
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN3 = "h200_2026-12-02_run3.csv"
+
+
+def test_readme_numbers_are_what_the_default_views_show() -> None:
+    """The README's headline (geomean, ratio to FlashMLA fp8, B128 x L8192 µs and % of copy BW) from data/timings."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"\*\*([\d.]+) µs — ([\d.]+)× FlashMLA fp8's ([\d.]+) µs\*\*", text)
+    m2 = re.search(
+        r"reaches \*\*(\d+) % of the measured copy bandwidth\*\* \(([\d.]+) µs vs FlashMLA fp8 (\d+) µs", text
+    )
+    assert m and m2, "README headline sentence not found"
+    h = headline(load_recorded())
+    assert h["files"] == (RUN3,) and RUN3 in text
+    assert f"{h['geomean_us']:.1f}" == m.group(1) and f"{h['ratio']:.2f}" == m.group(2)
+    assert f"{h['peer_geomean_us']:.1f}" == m.group(3)
+    assert f"{h['pct_copy_at_shape']:.0f}" == m2.group(1) and f"{h['us_at_shape']:.1f}" == m2.group(2)
+    assert f"{h['peer_us_at_shape']:.0f}" == m2.group(3)
+    # the default figure, the report and the plan panel's record show the same row at B128 x L8192
+    bars = bars_per_shape(load_recorded(), [("triton", "a8w8")])
+    y = dict(zip(bars.data[0].x, bars.data[0].y))
+    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN3 in bars.layout.title.text
+    s = section_timings(ReportOptions())
+    assert s.unavailable is None and RUN3 in s.description
+    ry = dict(zip(s.figures[0].data[0].x, s.figures[0].data[0].y))
+    assert ry == y
+    assert f"{record_for_shape(load_recorded(), 128, 8192)['us_median']:.1f}" == m2.group(2)
+
+
+def test_default_view_is_one_run_one_config_per_shape() -> None:
+    df = load_recorded()
+    assert default_run(df) == RUN3  # newest full suite run; the d-chunk sweep has no default Triton rows
+    v = recorded_view(df)
+    assert v.files == (RUN3,) and not v.best_of_all and (v.rows["run"] == RUN3).all()
+    assert not v.rows.duplicated(["backend", "precision", "batch", "kv_len"]).any()
+    tri = v.rows[(v.rows["backend"] == "triton") & (v.rows["precision"] == "a8w8")]
+    assert sorted(zip(tri["batch"], tri["kv_len"])) == sorted(COMPETITION_SHAPES)
+    # best of N over every file is faster somewhere (e.g. the sweep's 477 µs at B128 x L8192), and says so
+    b = recorded_view(df, best_of_all=True)
+    assert "best of" in b.label and len(b.files) == 4
+    bt = b.rows[(b.rows["backend"] == "triton") & (b.rows["precision"] == "a8w8")].set_index(["batch", "kv_len"])
+    assert bt.loc[(128, 8192), "us_median"] < tri.set_index(["batch", "kv_len"]).loc[(128, 8192), "us_median"]
+    assert "sweep_dchunk" in bt.loc[(128, 8192), "source"]
+    fig = bars_per_shape(df, [("triton", "a8w8")], best_of_all=True)
+    assert "best of" in fig.layout.title.text and "best of" in fig.data[0].name
+    assert any("sweep_dchunk" in h for h in fig.data[0].hovertext)
+    # an older run can be picked explicitly; a run without default Triton rows gives a clear error downstream
+    assert recorded_view(df, run="h200_2026-12-02_run1.csv").files == ("h200_2026-12-02_run1.csv",)
+    with pytest.raises(ValueError, match="not recorded"):
+        recorded_view(df, run="nope.csv")
+    with pytest.raises(ValueError, match="exclude"):
+        recorded_view(df, run=RUN3, best_of_all=True)
+    with pytest.raises(ValueError, match="no full suite run"):
+        default_run(df[df["run"] == "h200_2026-12-02_sweep_dchunk.csv"])
+    with pytest.raises(TypeError, match="df"):
+        recorded_view([1, 2])  # type: ignore[arg-type]
+
+
+def test_default_config_rule() -> None:
+    plan = make_plan("simple", *indptrs_for([1024] * 4), 132)
+    assert is_default_config(float("nan")) and is_default_config("")
+    assert is_default_config(config_string("triton", {}, plan), 132)
+    assert not is_default_config(config_string("triton", {}, plan), 264)  # 2 plan slots per SM is a variant
+    assert not is_default_config(config_string("triton", {"num_warps": 4}, plan), 132)
+    assert not is_default_config("num_warps=8") and not is_default_config("f16_w8:num_warps=8")
+
+
+def test_bytes_and_flops_come_from_traffic() -> None:
+    df = load_recorded()
+    want = [call_bytes(int(b), int(L), p) for b, L, p in zip(df["batch"], df["kv_len"], df["precision"])]
+    assert (df["bytes"].astype(int).tolist()) == want  # every recorded bytes cell equals mlalab.traffic's count
+    t = decode_traffic(DecodeCase.uniform(128, 8192), "fp8", 1.0)
+    assert call_bytes(128, 8192, "a8w8") == t.total_bytes
+    fig = roofline_figure(df, [("triton", "a8w8")])
+    pts = dict(zip(fig.data[1].text, fig.data[1].x))
+    assert pts["B128·L8192"] == pytest.approx(t.intensity)
+    with pytest.raises(ValueError, match="precision"):
+        call_bytes(4, 1024, "fp4")
+
+
+def test_roof_is_labelled_with_its_source() -> None:
+    fig = roofline_figure(load_recorded(), [("triton", "a8w8")])
+    assert max(fig.data[0].y) == BF16_MATMUL_ROOF_TFLOPS
+    assert f"{BF16_MATMUL_ROOF_TFLOPS:g} TFLOP/s" in ROOF_SOURCE and "bf16 dense matmul" in ROOF_SOURCE
+    assert ROOF_SOURCE in fig.layout.title.text and ROOF_SOURCE in fig.data[0].hovertext[0]
+    with pytest.raises(ValueError, match="peak_tflops"):
+        roofline_figure(load_recorded(), [("triton", "a8w8")], peak_tflops=0)
+
+
+def test_plan_digest_says_whether_the_map_is_the_measured_plan() -> None:
+    row = record_for_shape(load_recorded(), 64, 8192).copy()
+    today = plan_of_record(row)
+    assert plan_check(row, today)[0] == "unknown"  # run3 recorded no digest
+    row["config"] = config_string("triton", {}, today)  # what a new run records for this plan
+    status, text = plan_check(row, plan_of_record(row))
+    assert status == "same" and "same plan as measured" in text.lower()
+    other = make_plan("balanced", *indptrs_for([8192] * 64), 132)
+    row["config"] = config_string("triton", {}, other)
+    status, text = plan_check(row, today)
+    assert status == "differs" and "differs from the measured one" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_bench_validates_and_fails_without_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.csv"
+    assert cli(["bench", "--suite", "bogus", "--calls", "-5"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown suite 'bogus'" in err and "competition, smoke" in err
+    assert cli(["bench", "--calls", "-5"]) == 2 and "--calls" in capsys.readouterr().err
+    assert cli(["bench", "--precisions", "fp4"]) == 2 and "precisions" in capsys.readouterr().err
+    assert cli(["bench", "--out", str(tmp_path / "no" / "t.csv")]) == 2 and "folder" in capsys.readouterr().err
+    assert cli(["bench", "--suite", "smoke", "--out", str(out)]) == 2
+    assert "needs a GPU" in capsys.readouterr().err and not out.exists()
+    assert cli(["bench", "--recorded", "--out", str(out)]) == 2 and not out.exists()
+    with pytest.raises(ValueError, match="replays"):
+        check_suite_args(replays=2)
+
+
+def test_write_csv_is_atomic(tmp_path: Path) -> None:
+    p = tmp_path / "t.csv"
+    rec = TimingRecord("triton", "simple", "a8w8", "", 4, 1024, us_median=1.5)
+    write_csv([rec], p)
+    write_csv([rec, rec], p)  # replaces
+    df = pd.read_csv(p)
+    assert list(df.columns) == CSV_COLUMNS and len(df) == 2
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["t.csv"]
+
+    def crash(tmp: str) -> None:  # a writer that dies half-way: the old file must survive, no temp left
+        Path(tmp).write_text("date,gpu\n2026")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(p, crash)
+    assert len(pd.read_csv(p)) == 2 and sorted(x.name for x in tmp_path.iterdir()) == ["t.csv"]
+    with pytest.raises(TypeError, match="recs"):
+        write_csv(["x"], p)  # type: ignore[list-item]
+
+
+@pytest.mark.gpu
+def test_suite_rewrites_the_csv_after_each_shape(tmp_path: Path) -> None:
+    out = tmp_path / "s.csv"
+    seen: list[int] = []
+
+    def log(line: str) -> None:  # before each record of the second shape the first shape is already on disk
+        if "B= 128" in line:
+            seen.append(len(pd.read_csv(out)) if out.exists() else 0)
+
+    recs = run_suite("smoke", backends=("reference-torch",), precisions=("bf16",), out=out, log=log, replays=3)
+    assert seen and seen[0] == 1 and len(pd.read_csv(out)) == len(recs) == 2
