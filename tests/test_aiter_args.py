@@ -71,6 +71,55 @@ def test_parse_version_orders_pre_and_post_releases():
 def test_release_table(version, lse, nks):
     abi = abi_for_version(version)
     assert (abi.stage1_has_lse, abi.reduce_has_num_kv_splits) == (lse, nks)
+    # stage 1 gained `causal` (default True) in 0.1.20: we must pass False there, and only there.
+    assert abi.stage1_has_causal is (version == "0.1.20")
+    assert ("causal" in abi.stage1_params()) is (version == "0.1.20")
+
+
+def test_causal_false_is_passed_where_stage1_has_it():
+    import inspect
+
+    def stage1_020(
+        Q,
+        KV,
+        qo_indptr,
+        kv_indptr,
+        kv_page_indices,
+        kv_last_page_lens,
+        num_kv_splits_indptr,
+        work_meta_data,
+        work_indptr,
+        work_info_set,
+        max_seqlen_q,
+        page_size,
+        nhead_kv,
+        softmax_scale,
+        splitData,
+        splitLse,
+        output,
+        lse=None,
+        q_scale=None,
+        kv_scale=None,
+        causal=True,
+    ):
+        """The 0.1.20 shape of the signature (research note §0.1): `causal` defaults to True."""
+
+    def reduce_016(
+        partial_output,
+        partial_lse,
+        reduce_indptr,
+        reduce_final_map,
+        reduce_partial_map,
+        max_seqlen_q,
+        num_kv_splits,
+        final_output,
+        final_lse=None,
+    ):
+        """The 0.1.16+ reduce."""
+
+    abi = abi_from_signatures("0.1.20.dev", inspect.signature(stage1_020), inspect.signature(reduce_016))
+    assert abi.stage1_has_causal and abi.stage1_has_lse and abi.reduce_has_num_kv_splits
+    assert abi_for_version("0.1.19").stage1_has_causal is False
 
 
 @pytest.mark.parametrize("version, why", [("0.1.9", "too old"), ("0.1.10.post1", "too old"), ("0.1.21", "newer")])
@@ -243,9 +292,11 @@ def test_metadata_kwargs_always_pass_dtypes_and_a_positive_split_cap():
         settings=AiterSettings(),
         q_scale=t,
         kv_scale=t,
-        accepts=("return_lse",),
+        accepts=("return_lse", "causal"),
+        return_lse=True,
     )
     assert fwd["num_kv_splits"] == 304 and fwd["return_lse"] is True and fwd["work_meta_data"] is not None
+    assert fwd["causal"] is False  # HEAD's mla_decode_fwd defaults causal=True: it would mask speculative decode
 
 
 # -------------------------------------------------------------------------------------------- arch and flavour

@@ -492,7 +492,8 @@ class AiterDecoder:
                     settings=s,
                     q_scale=q_scale,
                     kv_scale=kv_scale,
-                    accepts=accepts if return_lse else (),
+                    accepts=accepts,
+                    return_lse=return_lse,
                 )
             )
             if return_lse and isinstance(lse, torch.Tensor):

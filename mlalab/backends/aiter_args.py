@@ -180,6 +180,9 @@ class AiterAbi:
     reduce_has_num_kv_splits: ``mla_reduce_v1`` takes ``num_kv_splits`` (sizes its scratch) — from v0.1.16.
     info_has_max_split_per_batch: ``get_mla_metadata_info_v1`` takes ``max_split_per_batch`` (HEAD; the note
         does not say which release added it, so it is only ever set from an inspected signature).
+    stage1_has_causal: stage 1 takes ``causal`` — from v0.1.20, defaulting to True. mlalab's decode has no causal
+        mask (every query token sees all of its request's KV), so we always pass ``causal=False``; otherwise q_len
+        2–4 (speculative decode) would be masked by the kernel and disagree with the reference.
     source: "version" (from the release table) or "signature" (inspected from the installed aiter).
     """
 
@@ -188,10 +191,16 @@ class AiterAbi:
     reduce_has_num_kv_splits: bool
     info_has_max_split_per_batch: bool = False
     source: str = "version"
+    stage1_has_causal: bool = False
 
     def stage1_params(self) -> tuple[str, ...]:
         """Stage-1 parameters we rely on, in signature order (extra, defaulted ones of later releases omitted)."""
-        return _STAGE1_HEAD + (("lse",) if self.stage1_has_lse else ()) + ("q_scale", "kv_scale")
+        return (
+            _STAGE1_HEAD
+            + (("lse",) if self.stage1_has_lse else ())
+            + ("q_scale", "kv_scale")
+            + (("causal",) if self.stage1_has_causal else ())
+        )
 
     def reduce_params(self) -> tuple[str, ...]:
         mid = ("max_seqlen_q",) + (("num_kv_splits",) if self.reduce_has_num_kv_splits else ())
@@ -226,6 +235,7 @@ def abi_for_version(version: str | AiterVersion) -> AiterAbi:
         stage1_has_lse=not v < _v("0.1.12"),
         reduce_has_num_kv_splits=not v < _v("0.1.16"),
         source="version",
+        stage1_has_causal=not v < _v("0.1.20"),
     )
 
 
@@ -267,7 +277,8 @@ def abi_from_signatures(
     has_lse = "lse" in stage1.parameters
     has_nks = "num_kv_splits" in reduce.parameters
     has_msp = info is not None and "max_split_per_batch" in info.parameters
-    abi = AiterAbi(version, has_lse, has_nks, has_msp, source="signature")
+    has_causal = "causal" in stage1.parameters
+    abi = AiterAbi(version, has_lse, has_nks, has_msp, source="signature", stage1_has_causal=has_causal)
     problems = check_signature("mla_decode_stage1_asm_fwd", stage1, abi.stage1_params())
     problems += check_signature("mla_reduce_v1", reduce, abi.reduce_params())
     if info is not None:
@@ -719,6 +730,8 @@ def stage1_kwargs(
     }
     if abi.stage1_has_lse:
         kw["lse"] = final_lse
+    if abi.stage1_has_causal:
+        kw["causal"] = False  # decode: all KV visible to every query token (see AiterAbi)
     return kw
 
 
@@ -767,10 +780,12 @@ def mla_decode_fwd_kwargs(
     q_scale: Any | None,
     kv_scale: Any | None,
     accepts: Iterable[str] = (),
+    return_lse: bool = False,
 ) -> dict[str, Any]:
     """Keywords for aiter's one-call `mla_decode_fwd` (persistent branch: `work_meta_data` given). Passing
     `num_kv_splits` explicitly keeps HEAD from falling back to non-persistent for gfx950 bf16 B >= 32.
-    `return_lse=True` is added when the installed signature (`accepts`) has it."""
+    `return_lse=True` is added when asked for and the installed signature (`accepts`) has it; `causal=False`
+    whenever the signature has ``causal`` (HEAD defaults it to True, which would mask speculative decode)."""
     kw: dict[str, Any] = {
         "q": q,
         "kv_buffer": kv_buffer,
@@ -795,8 +810,11 @@ def mla_decode_fwd_kwargs(
         "kv_scale": kv_scale,
         "intra_batch_mode": settings.intra_batch_mode,
     }
-    if "return_lse" in set(accepts):
+    accepted = set(accepts)
+    if return_lse and "return_lse" in accepted:
         kw["return_lse"] = True
+    if "causal" in accepted:
+        kw["causal"] = False
     return kw
 
 
