@@ -73,3 +73,16 @@ def test_version_bounds_agree() -> None:
                 conda_spec,
                 py_spec[n],
             )
+
+
+def test_h200_copy_bandwidth_is_the_median_of_the_recorded_runs() -> None:
+    """config.py's H200 copy bandwidth must be what data/timings measured, not a number typed from elsewhere."""
+    import statistics
+
+    import pandas as pd
+
+    from mlalab.config import GPU_TARGETS
+
+    runs = [float(pd.read_csv(p).copy_tbps.median()) for p in sorted((ROOT / "data" / "timings").glob("h200_*.csv"))]
+    assert runs, "no recorded H200 runs"
+    assert abs(GPU_TARGETS["h200"].copy_tbps - statistics.median(runs)) < 0.01, (GPU_TARGETS["h200"].copy_tbps, runs)
