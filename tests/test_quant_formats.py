@@ -134,3 +134,26 @@ def test_e8m0_all_codes_match_ml_dtypes() -> None:
 def test_unknown_format_lists_valid() -> None:
     with pytest.raises(ValueError, match="e4m3fnuz-224"):
         get_fp8_format("e4m3")
+
+
+def test_float64_inputs_round_once() -> None:
+    """float64 -> fp8 / E2M1 must not round twice (via float32): ml_dtypes rounds float64 directly."""
+    import ml_dtypes
+    import numpy as np
+
+    from mlalab.quant.formats import decode_fp8, e2m1_decode, e2m1_encode, encode_fp8
+
+    eps = 2.0**-40
+    vals = torch.tensor(
+        [1.0625 + eps, 1.0625 - eps, -1.0625 - eps, 0.25 + eps, 448.0, 1e-9, 0.0, -0.0], dtype=torch.float64
+    )
+    got = decode_fp8(encode_fp8(vals, "e4m3fn")).double()
+    want = torch.from_numpy(vals.numpy().astype(ml_dtypes.float8_e4m3fn).astype(np.float64))
+    assert torch.equal(got, want), (got, want)
+    assert float(got[0]) == 1.125 and float(got[1]) == 1.0
+    g = torch.Generator().manual_seed(0)
+    rnd = (torch.randn(20000, dtype=torch.float64, generator=g) * 3).clamp(-6, 6)
+    got4 = e2m1_decode(e2m1_encode(rnd)).double()
+    want4 = torch.from_numpy(rnd.numpy().astype(ml_dtypes.float4_e2m1fn).astype(np.float64))
+    assert torch.equal(got4.abs(), want4.abs())  # ml_dtypes maps some -0 differently; magnitudes must agree
+    assert float(e2m1_decode(e2m1_encode(torch.tensor([0.25 + eps], dtype=torch.float64)))[0]) == 0.5

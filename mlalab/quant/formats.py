@@ -19,6 +19,7 @@ import torch
 from ..checks import check_tensor
 
 __all__ = [
+    "to_float32_exact_for_rounding",
     "Fp8Format",
     "FP8_FORMATS",
     "Overflow",
@@ -88,6 +89,22 @@ FP8_FORMATS: dict[str, Fp8Format] = {
 }
 
 
+def to_float32_exact_for_rounding(x: torch.Tensor) -> torch.Tensor:
+    """x as float32 such that a later round-to-nearest to a narrower format (fp8, E2M1) gives the same result as
+    rounding x directly. bf16/fp16/fp32 convert exactly. float64 is rounded to float32 *to odd* (truncate toward
+    zero, set the last bit when inexact): a plain RNE cast would round twice (1.0625 + 2^-40 would become 1.0625, a
+    tie, and then 1.0 in e4m3 instead of 1.125). Round-to-odd with 29 spare bits makes the second rounding exact."""
+    if x.dtype != torch.float64:
+        return x.float()
+    r = x.float()
+    rd = r.double()
+    inexact = (rd != x) & torch.isfinite(x)
+    away = inexact & (rd.abs() > x.abs())
+    r = torch.where(away, torch.nextafter(r, torch.zeros_like(r)), r)  # truncate toward zero
+    bits = r.view(torch.int32) | inexact.to(torch.int32)  # ... and make the last bit sticky
+    return bits.view(torch.float32)
+
+
 def get_fp8_format(fp8_format: str | Fp8Format) -> Fp8Format:
     """Look up an fp8 flavour by name (e4m3fn, e4m3fnuz, e4m3fnuz-224, e5m2)."""
     if isinstance(fp8_format, Fp8Format):
@@ -148,7 +165,7 @@ def encode_fp8(x: torch.Tensor, fp8_format: str | Fp8Format, overflow: Overflow 
         raise ValueError(f"overflow must be 'saturate', 'nan' or 'inf', got {overflow!r}")
     if overflow == "inf" and f.ebits != 5:
         raise ValueError(f"overflow='inf' needs a format with inf (e5m2); {f.name} has none")
-    xf = x.float()
+    xf = to_float32_exact_for_rounding(x)
     bound = f.max if overflow == "saturate" else f.dtype_max
     codes = xf.clamp(-bound, bound).to(f.dtype)  # in range: the cast only rounds (RNE), never overflows
     if overflow != "saturate":
@@ -212,7 +229,7 @@ _E2M1_MIDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     """Round to E2M1 codes (uint8 in 0..15), RNE, saturating at ±6. NaN raises (E2M1 has no NaN)."""
     check_tensor("x", x, dtypes=_FLOATS)
-    xf = x.float()
+    xf = to_float32_exact_for_rounding(x)
     if bool(torch.isnan(xf).any()):
         raise ValueError("x contains NaN; E2M1 has no NaN encoding")
     a = xf.abs().clamp(max=E2M1_MAX)

@@ -20,7 +20,16 @@ import enum
 import torch
 
 from ..checks import check_tensor
-from .formats import E2M1_MAX, e2m1_decode, e2m1_encode, e8m0_from_exponent, e8m0_to_float, pack_e2m1, unpack_e2m1
+from .formats import (
+    E2M1_MAX,
+    e2m1_decode,
+    e2m1_encode,
+    e8m0_from_exponent,
+    e8m0_to_float,
+    pack_e2m1,
+    to_float32_exact_for_rounding,
+    unpack_e2m1,
+)
 
 __all__ = [
     "MxRule",
@@ -92,7 +101,7 @@ def _blocks(name: str, x: torch.Tensor, block: int) -> torch.Tensor:
         raise ValueError(
             f"{name}'s last dim ({x.shape[-1] if x.dim() else 'scalar'}) must be a multiple of the block size {block}"
         )
-    xf = x.float()
+    xf = to_float32_exact_for_rounding(x)  # float64: no double rounding (MX scales are powers of two: exact)
     if not bool(torch.isfinite(xf).all()):
         n = int((~torch.isfinite(xf)).sum())
         raise ValueError(f"{name} contains {n} non-finite values; block scales would be undefined")
