@@ -298,7 +298,7 @@ def speedup_table(
     cols: dict[str, pd.Series] = {}
     for be, prec in peers:
         p = series_rows(view, be, prec).set_index(["batch", "kv_len"])["us_median"]
-        cols[f"{be} {prec}"] = p / o["us_median"]
+        cols[f"{be} {prec} µs / ours"] = p / o["us_median"]
     t = pd.DataFrame(cols)
     t.loc[("geomean", ""), :] = [math.exp(t[c].apply(math.log).mean()) for c in t.columns]
     if view.best_of_all:
@@ -307,6 +307,7 @@ def speedup_table(
             t[f"{be} {prec} from"] = series_rows(view, be, prec).set_index(["batch", "kv_len"])["source"]
     t.attrs["view"] = view.label
     t.attrs["files"] = view.files
+    t.attrs["meaning"] = f"peer µs / {ours[0]} {ours[1]} µs: > 1 means ours is faster, < 1 means the peer is"
     return t
 
 

@@ -107,7 +107,10 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
         peers = [s for s in series if s[0] != "triton"]
         html = ""
         if ours in series and peers:
-            html = "<b>speedup (peer µs / triton µs)</b>" + speedup_table(view, ours, peers).round(2).to_html()
+            html = (
+                "<b>speedup = peer µs / triton µs (&gt; 1: ours faster, &lt; 1: the peer is)</b>"
+                + speedup_table(view, ours, peers).round(2).to_html()
+            )
         if view.best_of_all and series:
             html += "<b>which run · planner · config won each shape</b>" + winners_table(view, series).round(1).to_html(
                 index=False
