@@ -20,6 +20,7 @@ data: NaN stays NaN and out-of-range values follow the scheme's ``overflow`` rul
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Literal
 import torch
 
 from ..checks import check_tensor
+from ..config import MLA
 from .formats import FP8_FORMATS, Fp8Format, Overflow, encode_fp8, get_fp8_format
 from .mx import MxRule, mxfp4_fake_quant, nvfp4_fake_quant
 
@@ -128,6 +130,7 @@ class Fp8Scheme:
     static_amax: float | None = None
     math: Literal["float32", "bf16"] = "float32"
     overflow: Overflow = "saturate"
+    rows_per_token: int = 1  # 576-value rows that share a "token" scale: 16 heads for q, 1 latent head for KV
 
     def __post_init__(self) -> None:
         if self.math not in ("float32", "bf16"):
@@ -143,8 +146,10 @@ class Fp8Scheme:
 
     @property
     def bytes_per_token(self) -> float:
-        if self.granularity in (Granularity.TOKEN, Granularity.TOKEN_HEAD):
-            return D + 4.0  # one fp32 scale per row (for q "token": 4 B shared by 16 rows, counted once per row)
+        if self.granularity is Granularity.TOKEN:
+            return D + 4.0 / self.rows_per_token  # one fp32 scale per token, shared by its rows (q: 16 heads)
+        if self.granularity is Granularity.TOKEN_HEAD:
+            return D + 4.0  # one fp32 scale per row
         if self.granularity is Granularity.BLOCK:
             return D + 4.0 * math.ceil(D / self.block)
         return float(D)  # per-tensor / per-head / static / direct: scale storage amortizes to ~0
@@ -224,7 +229,8 @@ def quantize_fp8_per_tensor(
 
     ``math="float32"`` is sglang's ``scaled_fp8_quant`` (fp32 amax, scale and division). ``math="bf16"`` is the
     competition's ``quantize_fp8`` bit for bit: with bf16 x, ``amax``, ``amax / fp8_max`` and ``x / scale`` are
-    all bf16 (it changes a few % of the codes). Both clamp to ±fp8_max before the cast.
+    all bf16 (depending on whether bf16(amax / fp8_max) equals the fp32 scale, it changes 0 to ~4 % of the
+    codes). Both clamp to ±fp8_max before the cast.
     """
     f = get_fp8_format(fp8_format)
     check_tensor("x", x, dtypes=_FLOATS)
@@ -385,7 +391,8 @@ def get_q_scheme(name: str, fp8_format: str = "e4m3fn") -> QScheme:
     if n in Q_SCHEMES or n.startswith("fp8-static:") or (n.startswith("fp8-block") and n[9:].isdigit()):
         s = _parse_fp8(n, fmt)
         if s is not None:
-            return s
+            # bytes_per_token is per 576-value row; a q token's scale is shared by its 16 head rows
+            return dataclasses.replace(s, rows_per_token=MLA.num_heads) if s.granularity is Granularity.TOKEN else s
     raise _unknown("Q", name, Q_SCHEMES)
 
 

@@ -220,7 +220,8 @@ def plan_intra_batch(
         if n == 0:
             chunks.append((b, k0, k0))
             continue
-        splits = intra_batch_splits(x.lens[b], x.B, x.N, msp, arch)
+        # aiter v1.0 reads kv_indptr directly: its "length" is in kv_indices positions (pages when page_size > 1).
+        splits = intra_batch_splits(n, x.B, x.N, msp, arch)
         blocks = _ceil(n, x.gran)
         payload = _ceil(blocks, splits)
         k = _ceil(blocks, payload)
