@@ -35,7 +35,6 @@ def make_callable(
     fp8_format: str = "e4m3fn",
     n_copies: int = 1,
     backend: str = "fa3",
-    **_: Any,
 ) -> tuple[Callable[[int], torch.Tensor], dict[str, Any]]:
     reason = probe()
     if reason is not None:

@@ -31,7 +31,7 @@ def probe() -> str | None:
 
 
 def make_callable(
-    inputs: DecodeInputs, *, precision: str = "a8w8", fp8_format: str = "e4m3fn", n_copies: int = 1, **_: Any
+    inputs: DecodeInputs, *, precision: str = "a8w8", fp8_format: str = "e4m3fn", n_copies: int = 1
 ) -> tuple[Callable[[int], torch.Tensor], dict[str, Any]]:
     reason = probe()
     if reason is not None:

@@ -155,6 +155,26 @@ def _store_o(
 
 
 @triton.jit
+def _online_softmax_step(s, m_i, l_i, mask, qk_scale, HEADS_AXIS: tl.constexpr):
+    """One KV tile of the online softmax, in base 2: scale the raw scores, mask the padded tokens, update the
+    running max `m` and sum `l`. Returns ``(p, alpha, m_new, l_new)``; the caller rescales its accumulator by
+    `alpha`. HEADS_AXIS is where the 16 heads sit in `s`: 0 for heads-major (H, BLOCK_N), 1 for tokens-major."""
+    s = s * qk_scale
+    if HEADS_AXIS == 0:
+        s = tl.where(mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        p_sum = tl.sum(p, 1)
+    else:
+        s = tl.where(mask[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        p = tl.math.exp2(s - m_new[None, :])
+        p_sum = tl.sum(p, 0)
+    alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + p_sum
+
+
+@triton.jit
 def _row_chunked(
     q_ptr, KV, KV_INDICES, OUT, OUT_LSE, PART_O, PART_LSE, qi, qo_start, partial_loc, kv_start, kv_end,
     qk_scale, v_scale, stride_qh, stride_kv, stride_ot, stride_oh,
@@ -196,13 +216,7 @@ def _row_chunked(
             q_c = _widen(tl.load(q_ptr + offs_h[:, None] * stride_qh + offs_c[None, :]), PV_EXACT, MMA_FP16, TO_BF16_Q)
             k_c = tl.load(KV + rows[:, None] * stride_kv + offs_c[None, :], mask=mask[:, None], other=0.0)
             s = _dot(q_c, tl.trans(_widen(k_c, PV_EXACT, MMA_FP16, TO_BF16_K)), s, PV_EXACT)
-        s = s * qk_scale
-        s = tl.where(mask[None, :], s, float("-inf"))  # (H, BLOCK_N)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax_step(s, m_i, l_i, mask, qk_scale, 0)  # s: (H, BLOCK_N)
         if PV_EXACT:
             p_op = p
         elif MMA_FP16:
@@ -362,12 +376,7 @@ def _stage1_kernel(
                         else:
                             s = tl.dot(kq_nope, q_nope)
                             s = tl.dot(kq_rope, q_rope, s)
-                        s = s * qk_scale
-                        s = tl.where(mask[:, None], s, float("-inf"))  # (BLOCK_N, H)
-                        m_new = tl.maximum(m_i, tl.max(s, 0))
-                        alpha = tl.math.exp2(m_i - m_new)
-                        p = tl.math.exp2(s - m_new[None, :])
-                        l_i = l_i * alpha + tl.sum(p, 0)
+                        p, alpha, m_new, l_i = _online_softmax_step(s, m_i, l_i, mask, qk_scale, 1)  # (BLOCK_N, H)
                         acc = acc * alpha[None, :]
                         if PV_EXACT:
                             acc = tl.dot(tl.trans(k_nope.to(tl.float32)), p, acc, input_precision="ieee")
@@ -390,12 +399,7 @@ def _stage1_kernel(
                         else:
                             s = tl.dot(q_nope, tl.trans(kq_nope))
                             s = tl.dot(q_rope, tl.trans(kq_rope), s)
-                        s = s * qk_scale
-                        s = tl.where(mask[None, :], s, float("-inf"))  # (H, BLOCK_N)
-                        m_new = tl.maximum(m_i, tl.max(s, 1))
-                        alpha = tl.math.exp2(m_i - m_new)
-                        p = tl.math.exp2(s - m_new[:, None])
-                        l_i = l_i * alpha + tl.sum(p, 1)
+                        p, alpha, m_new, l_i = _online_softmax_step(s, m_i, l_i, mask, qk_scale, 0)  # (H, BLOCK_N)
                         acc = acc * alpha[:, None]
                         if PV_EXACT:
                             acc = tl.dot(p, k_nope.to(tl.float32), acc, input_precision="ieee")
