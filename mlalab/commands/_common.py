@@ -88,3 +88,13 @@ def print_json(obj: Any) -> None:
     """Strict JSON on stdout (NaN -> null, inf -> "inf")."""
     json.dump(_jsonable(obj), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
+
+
+def print_record(rec: dict[str, Any], as_json: bool) -> None:
+    """A flat result record: strict JSON, or aligned ``key: value`` lines (floats to 6 significant digits)."""
+    if as_json:
+        print_json(rec)
+        return
+    width = max((len(str(k)) for k in rec), default=0)
+    for k, v in rec.items():
+        print(f"{k:>{width}}: {v:.6g}" if isinstance(v, float) else f"{k:>{width}}: {v}")

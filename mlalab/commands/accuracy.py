@@ -6,7 +6,7 @@ import argparse
 
 from ..accuracy import DEFAULT_TOLERANCES, evaluate
 from ..quant import FP8_FORMATS, KV_SCHEMES, Q_SCHEMES
-from ._common import add_case_arguments, case_from_args, print_json
+from ._common import add_case_arguments, case_from_args, print_record
 
 NAME = "accuracy"
 HELP = "error of quantized Q/KV decode vs the fp64 reference (rel-L2, SQNR, mismatch at tolerances, baselines)"
@@ -48,9 +48,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(a: argparse.Namespace) -> int:
     case = case_from_args(a)
     rec = evaluate(case, a.q_scheme, a.kv_scheme, a.fp8_format, tolerances=a.tol or DEFAULT_TOLERANCES)
-    if a.json:
-        print_json(rec)
-    else:
-        for k, v in rec.items():
-            print(f"{k:>28}: {v:.6g}" if isinstance(v, float) else f"{k:>28}: {v}")
+    print_record(rec, a.json)
     return 0

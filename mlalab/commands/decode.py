@@ -12,7 +12,7 @@ from ..backends import decode as backend_decode
 from ..inputs import make_inputs
 from ..reference import decode_inputs_reference
 from ..splitkv import dequantized_inputs
-from ._common import add_case_arguments, case_from_args, print_json
+from ._common import add_case_arguments, case_from_args, print_record
 from .plan import add_plan_arguments, plan_knobs
 
 NAME = "decode"
@@ -88,9 +88,5 @@ def run(a: argparse.Namespace) -> int:
             d = lse.to("cpu", torch.float64) - ref_lse
             d = torch.where(torch.isneginf(ref_lse) & torch.isneginf(lse.cpu()), torch.zeros_like(d), d)
             rec["lse_max_abs"] = float(d.abs().max())
-    if a.json:
-        print_json(rec)
-    else:
-        for k, v in rec.items():
-            print(f"{k:>14}: {v}")
+    print_record(rec, a.json)
     return 0

@@ -9,7 +9,7 @@ import torch
 
 from ..inputs import make_inputs
 from ..reference import decode_inputs_reference
-from ._common import add_case_arguments, case_from_args, print_json
+from ._common import add_case_arguments, case_from_args, print_record
 
 NAME = "reference"
 HELP = "exact fp64 decode of a generated case: shapes, output RMS, LSE statistics"
@@ -56,9 +56,5 @@ def run(a: argparse.Namespace) -> int:
         "log_kv_len_mean": float(torch.log(torch.tensor([float(n) for n in case.kv_lens])).mean()),
         "seconds": dt,
     }
-    if a.json:
-        print_json(rec)
-    else:
-        for k, v in rec.items():
-            print(f"{k:>18}: {v}")
+    print_record(rec, a.json)
     return 0
