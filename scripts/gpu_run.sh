@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run on the H200 device machine from the repo root: install the carried peer wheels, run the GPU tests, then the
 # benchmark suite. Results land under $OUT (pytest.log, bench.log, timings CSV). Usage: bash scripts/gpu_run.sh [configs-json]
+# Knobs (env): TESTS, TEST_K, TEST_TIMEOUT, SUITE, PLANNERS, BACKENDS, PRECISIONS, BENCH_TIMEOUT.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -10,7 +11,8 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export FLASHINFER_CUDA_ARCH_LIST="9.0a" FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider -m gpu ${TEST_K:+-k "$TEST_K"} tests/test_triton_kernels.py 2>&1 | tee "$OUT/pytest.log"
+timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider -m gpu ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests/test_triton_kernels.py tests/test_hopper_kernel.py} 2>&1 | tee "$OUT/pytest.log"
 CONFIGS=${1:-'[{}]'}
 timeout ${BENCH_TIMEOUT:-380} python3 -m mlalab.commands.bench --suite "${SUITE:-competition}" --triton-configs "$CONFIGS" \
-  --planners "${PLANNERS:-simple}" --backends "${BACKENDS:-triton,flashmla,flashinfer,reference-torch}" --out "$OUT/timings.csv" 2>&1 | tee "$OUT/bench.log"
+  --planners "${PLANNERS:-simple}" --backends "${BACKENDS:-triton,flashmla,flashinfer,reference-torch}" \
+  --precisions "${PRECISIONS:-a8w8,a16w8,bf16}" --out "$OUT/timings.csv" 2>&1 | tee "$OUT/bench.log"

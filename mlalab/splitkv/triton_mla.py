@@ -169,6 +169,10 @@ def token_work_info(plan: WorkPlan, kv_indptr: torch.Tensor, kv_last_page_len: t
 class KernelConfig:
     """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`).
 
+    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`: fp8 wgmma, TMA ring of ``hopper_stages``
+    64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
+    (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
+    else portable. The knobs below ``hopper_stages`` belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
@@ -178,6 +182,8 @@ class KernelConfig:
     separate accumulators (else one (16, 512) accumulator and one full V re-load).
     """
 
+    kernel: str = "auto"
+    hopper_stages: int = 3
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -188,6 +194,66 @@ class KernelConfig:
     qk_tokens_m: bool = False
     d_chunk: int = 0
     chunk_pv: bool = True
+
+
+def hopper_import_error() -> str | None:
+    """Why the Gluon Hopper kernel module cannot be imported here (None when it can)."""
+    try:
+        from . import gluon_hopper  # noqa: F401
+    except Exception as e:  # a Triton without Gluon's Hopper API, or no Triton at all
+        return f"triton.experimental.gluon (Hopper) is unavailable: {type(e).__name__}: {e}"
+    return None
+
+
+def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor, *, pv_exact: bool = False,
+                       out_dtype: torch.dtype = torch.bfloat16) -> str | None:  # fmt: skip
+    """Why the sm_90 Gluon kernel cannot run these inputs and plan (None when it can): first what the inputs ask
+    for, then what this machine lacks. `work_info`: token positions (`token_work_info`)."""
+    if prepared.precision is not Precision.A8W8:
+        return f"a8w8 only (fp8 wgmma for both products), not {prepared.precision.value}"
+    if prepared.kv.dtype != torch.float8_e4m3fn:
+        return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
+    if pv_exact or out_dtype != torch.bfloat16:
+        return "production numerics only (bf16 output, fp8 products): exact mode runs on the portable kernel"
+    if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != MLA.qk_dim:
+        return f"written for {MLA.num_heads} heads x {MLA.qk_dim} dims"
+    if not (prepared.contiguous and prepared.page_size == 1) and prepared.page_size % 64:
+        return (f"tiles of 64 tokens must be contiguous rows: page size 1 with the identity page table, or a "
+                f"page size that is a multiple of 64 (got page size {prepared.page_size}, "
+                f"{'identity' if prepared.contiguous else 'permuted'} page table)")  # fmt: skip
+    if work_info.numel() and int((work_info[:, 3] - work_info[:, 2]).max()) > 1:
+        return "one q row per work (q_len 1); speculative decode (q_len > 1) runs on the portable kernel"
+    dev = prepared.q.device
+    if dev.type != "cuda" or torch.version.cuda is None:
+        return "needs an NVIDIA GPU"
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        return f"needs compute capability 9.0 (Hopper), this GPU has {torch.cuda.get_device_capability(dev)}"
+    return hopper_import_error()
+
+
+def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info: torch.Tensor,
+                 block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(tile_indptr, tile_rows)`` int32 on the CPU: the Hopper kernel's tile stream. CTA ``c`` consumes the
+    64-token tiles of its works in order; ``tile_rows[t]`` is the KV row of tile t's first token (its position
+    itself with the identity page table, else through ``kv_indices``: tiles never cross a page because pages are
+    multiples of 64 tokens and works start on page boundaries)."""
+    wi = work_info.to("cpu", torch.int64)
+    ks, ke = wi[:, 4], wi[:, 5]
+    counts = torch.clamp((ke - ks + block_n - 1) // block_n, min=0)
+    n = int(counts.sum())
+    owner = torch.repeat_interleave(torch.arange(wi.shape[0]), counts)
+    first = torch.cumsum(counts, 0) - counts
+    pos = ks[owner] + block_n * (torch.arange(n) - first[owner])
+    if prepared.contiguous and prepared.page_size == 1:
+        rows = pos
+    else:
+        ps = prepared.page_size
+        rows = prepared.kv_indices.to("cpu", torch.int64)[pos // ps] * ps + pos % ps
+    csum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
+    tile_indptr = csum[work_indptr.to("cpu", torch.int64)]
+    if rows.numel() and int(rows.max()) >= 2**31:
+        raise ValueError("KV rows beyond 2^31: TMA coordinates are int32")
+    return tile_indptr.to(torch.int32), rows.to(torch.int32)
 
 
 class TritonDecoder:
@@ -221,18 +287,33 @@ class TritonDecoder:
             raise ValueError(f"d_chunk must be 0 (off), 128 or 256, got {config.d_chunk}")
         if config.d_chunk and (config.transposed or config.qk_tokens_m):
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
+        if config.kernel not in ("auto", "hopper", "portable"):
+            raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
+        if not 1 <= config.hopper_stages <= 3:
+            raise ValueError(
+                f"hopper_stages must be 1, 2 or 3 (227 KB of shared memory hold 3 tiles), got {config.hopper_stages}"
+            )
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
         plan.validate(prepared.qo_indptr, prepared.kv_indptr)  # once per plan: a broken plan never reaches the GPU
+        # the kernel walks token positions; WorkPlan counts kv_indices positions (pages): translate once, here
+        work_info = token_work_info(plan, prepared.kv_indptr, prepared.kv_last_page_len)
+        self.pv_exact = bool(pv_exact or (K.INTERPRET and prepared.precision is not Precision.A8W8))
+        why_not = None
+        if config.kernel != "portable":
+            why_not = hopper_unsupported(prepared, work_info, pv_exact=self.pv_exact, out_dtype=out_dtype)
+            if why_not is not None and config.kernel == "hopper":
+                raise ValueError(f"kernel='hopper' cannot run here: {why_not}")
+        #: which stage-1 kernel runs ("hopper" or "portable") and, for "auto", why not hopper (None: it runs)
+        self.kernel = "portable" if config.kernel == "portable" or why_not is not None else "hopper"
+        self.hopper_reason = why_not
         dev = prepared.q.device
         if dev.type == "cpu" and not K.INTERPRET:
             raise RuntimeError("the Triton backend needs a GPU (or TRITON_INTERPRET=1 for tiny CPU runs)")
         self.K = K
         self.p = prepared
         self.plan = plan.to(dev)
-        # the kernel walks token positions; WorkPlan counts kv_indices positions (pages): translate once, here
-        self.work_info = token_work_info(plan, prepared.kv_indptr, prepared.kv_last_page_len).to(dev)
+        self.work_info = work_info.to(dev)
         self.config = config
-        self.pv_exact = bool(pv_exact or (K.INTERPRET and prepared.precision is not Precision.A8W8))
         self.sm_scale = MLA.sm_scale if sm_scale is None else float(sm_scale)
         total_q, H = int(prepared.q.shape[0]), MLA.num_heads
         n_part = max(1, plan.n_partial_rows)
@@ -242,14 +323,53 @@ class TritonDecoder:
         self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
         self.n_cu = int(plan.work_indptr.numel() - 1)
         self.n_tiles = int(plan.reduce_indptr.numel() - 1)
+        if self.kernel == "hopper":
+            from . import gluon_hopper as G
+
+            self.G = G
+            t_indptr, t_rows = hopper_tiles(prepared, plan.work_indptr, self.work_info, G.BLOCK_N)
+            self.tile_indptr, self.tile_rows = t_indptr.to(dev), t_rows.to(dev)
+            self._descs: dict[tuple[int, int], tuple] = {}
 
     def __call__(
         self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run on the prepared tensors, or on same-shaped `q` / `kv` (e.g. rotated copies for timing)."""
-        p, c, plan = self.p, self.config, self.plan
+        p, plan = self.p, self.plan
         q = p.q if q is None else q
         kv = p.kv if kv is None else kv
+        H, DV = MLA.num_heads, MLA.v_dim
+        if self.kernel == "hopper":
+            self._stage1_hopper(q, kv)
+        else:
+            self._stage1_portable(q, kv)
+        if self.n_tiles > 0 and self.part_o.shape[0] > 0:
+            block_dv = 128
+            self.K.reduce_kernel[(self.n_tiles, DV // block_dv)](
+                self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                self.out, self.lse, self.out.stride(0), self.out.stride(1),
+                H=H, DV=DV, BLOCK_DV=block_dv, num_warps=4,
+            )  # fmt: skip
+        return self.out, self.lse
+
+    def _stage1_hopper(self, q: torch.Tensor, kv: torch.Tensor) -> None:
+        if q.dtype != self.p.q.dtype or kv.dtype != self.p.kv.dtype or q.shape != self.p.q.shape:
+            raise ValueError("q / kv must have the prepared tensors' dtype and shape")
+        key = (q.data_ptr(), kv.data_ptr())
+        descs = self._descs.get(key)
+        if descs is None:  # one set of TMA descriptors per (q, kv) buffer pair, e.g. per rotated KV copy
+            descs = self.G.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads)
+            self._descs[key] = descs
+        p, c = self.p, self.config
+        self.G.stage1_kernel[(self.n_cu,)](
+            *descs, self.plan.work_indptr, self.work_info, self.tile_indptr, self.tile_rows,
+            self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
+            H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
+            NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1), num_warps=4,
+        )  # fmt: skip
+
+    def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
+        p, c, plan = self.p, self.config, self.plan
         H, DV = MLA.num_heads, MLA.v_dim
         self.K.stage1_kernel[(self.n_cu,)](
             q, kv, p.kv_indices, plan.work_indptr, self.work_info,
@@ -263,14 +383,6 @@ class TritonDecoder:
             D_CHUNK=c.d_chunk, CHUNK_PV=c.chunk_pv,
             num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
-        if self.n_tiles > 0 and self.part_o.shape[0] > 0:
-            block_dv = 128
-            self.K.reduce_kernel[(self.n_tiles, DV // block_dv)](
-                self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
-                self.out, self.lse, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, BLOCK_DV=block_dv, num_warps=4,
-            )  # fmt: skip
-        return self.out, self.lse
 
 
 def triton_decode(prepared: PreparedInputs, plan: WorkPlan, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:

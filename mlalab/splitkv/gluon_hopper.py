@@ -1,0 +1,265 @@
+"""Persistent split-KV MLA decode for Hopper (sm_90) in Gluon, Triton's explicit-layout dialect: wgmma + TMA.
+
+Why a second kernel. The portable Triton kernel (`triton_decode`) puts the 16 heads on the MMA's M dimension;
+Hopper's wgmma needs M = 64 per warpgroup, so Triton falls back to mma.sync, widens every fp8 code to fp16 in
+registers and needs all 255 registers: 30 % of the copy bandwidth at batch 128 × 8192 (H200, 2026-12-02). Here
+every matrix product runs on fp8 wgmma (SASS ``QGMMA``) straight from shared memory, in the orientation where
+the 16 heads are the *small* N dimension, so nothing is padded:
+
+* scores, tokens as M:  ``Sᵀ (64 tok × 16 heads) = K (64 × 576) · Qᵀ (576 × 16)``; K is the TMA-loaded tile as
+  stored (576 B per token, the reduction dim contiguous: what fp8 wgmma requires of A), Qᵀ a permuted view of
+  q in shared memory;
+* values, value dims as M:  ``Oᵀ (512 × 16) += Vᵀ (512 × 64 tok) · Pᵀ (64 tok × 16)``. fp8 wgmma needs the
+  reduction dim (tokens) contiguous in both operands, and the cache stores V token-major, so each tile's V is
+  transposed once in shared memory by the CUDA cores (16-byte loads and stores, 0 bank conflicts: see
+  `_V_LOAD`), while the tensor cores compute the scores of the same tile.
+
+The 512 Oᵀ rows are *not* in natural value-dim order: the transpose stores value dim ``d`` at row ``m = π(d)``
+(π swaps bits 0-2 with bits 4-6 of d, an involution) because that order is what makes the transposing stores
+conflict-free; the epilogue writes row ``m`` to dim ``π(m)``. Tokens stay in natural order (Pᵀ and Vᵀ agree).
+
+Per CTA (one warpgroup of 4 warps; the grid is the plan's slots, one per SM): the works
+``work_info[work_indptr[c]:work_indptr[c+1]]`` are walked in order, their 64-token tiles flattened into one
+stream that a ring of ``NUM_STAGES`` TMA buffers prefetches across work boundaries (the host lists each CTA's
+tile start rows once per plan: `tile_rows`). Per tile: wait for its TMA barrier → issue QK on the tensor cores
+(async) → transpose V → wait → online softmax in base 2 (the running sum is kept per thread and reduced once
+per work) → P (rounded to the KV's fp8 type, aiter's a8w8 numerics) to shared memory → fence + barrier →
+refill this stage with the tile ``NUM_STAGES`` ahead → rescale Oᵀ → issue PV (async; it overlaps the next
+tile's wait and QK). Vᵀ and Pᵀ are double-buffered so PV(i) never races the writes of tile i+1.
+Each work ends like the portable kernel's: final bf16 output + LSE when the request is whole, else an fp32
+partial + natural-log LSE for the reduce (`triton_decode.reduce_kernel`, the same WorkPlan contract).
+
+Constraints (checked on the host, `hopper_unsupported`): a8w8, 16 heads × (512 + 64) dims, KV rows of a tile
+contiguous (page size 1 with the identity page table, or page size a multiple of 64), q rows per work ≤ 4.
+The fp8 flavour is e4m3fn (what sm_90 wgmma takes).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+__all__ = ["BLOCK_N", "stage1_kernel", "make_descriptors", "TensorDescriptor"]
+
+#: TMA global -> shared copy: ``async_copy_global_to_shared`` up to Triton 3.6 (the H200 machine's), renamed
+#: ``async_load`` later (3.9 on the CPU machines, which compile the kernel for sm_90 in a test).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+#: CTA-wide barrier: ``thread_barrier`` up to 3.6, ``barrier`` later.
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+#: tokens per tile: the M of the score wgmma (one warpgroup covers 64 rows) and the K of the value wgmma.
+BLOCK_N = 64
+
+#: Registers of a CTA while it transposes V: each thread holds a 16-token × 16-dim block, so both the loads
+#: (16 dims of one token, from the 128-byte-swizzled K tile) and the stores (16 tokens of one value row, into the
+#: 64-byte-swizzled Vᵀ) are 16-byte vectors. With the row order π below, both are free of bank conflicts
+#: (checked with ``gl.bank_conflicts`` when the kernel is compiled).
+_V_LOAD = gl.BlockedLayout([16, 16], [1, 32], [4, 1], [1, 0])
+
+
+@gluon.jit
+def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, it, n_tiles,
+                   NUM_STAGES: gl.constexpr):  # fmt: skip
+    """TMA the CTA's tile number `it` (if it exists) into ring stage ``it % NUM_STAGES``."""
+    if it < n_tiles:
+        s = it % NUM_STAGES
+        row = gl.load(TILE_ROWS + t_begin + it)
+        bar = ready.index(s)
+        mbarrier.expect(bar, kn_desc.block_type.nbytes + kr_desc.block_type.nbytes)
+        _tma_load(kn_desc, [row, 0], bar, kn_smem.index(s))
+        _tma_load(kr_desc, [row, 0], bar, kr_smem.index(s))
+
+
+@gluon.jit
+def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w, j, H: gl.constexpr):
+    """TMA the q rows of work `w` (the CTA's j-th work) into q buffer ``j % 2``: (NQ, 512) and (NQ, 64)."""
+    b = j % 2
+    q_row = gl.load(WORK_INFO + w * 8 + 2) * H  # q is viewed as (total_q · 16, 576): row = q index · 16 + head
+    bar = q_bar.index(b)
+    mbarrier.expect(bar, qn_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+    _tma_load(qn_desc, [q_row, 0], bar, qn_smem.index(b))
+    _tma_load(qr_desc, [q_row, 0], bar, qr_smem.index(b))
+
+
+@gluon.jit
+def _transpose_v(kn, vt, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, MASK_TAIL: gl.constexpr):
+    """Vᵀ (value row m = π(d), token) ← V (token, d) = the first 512 dims of the K tile, through registers.
+
+    ``MASK_TAIL`` (paged caches): tokens past the work's end are zeroed, since a page's unused slots may hold
+    anything and 0 · NaN would poison Oᵀ although their P is 0. With the identity page table those rows are the
+    next request's tokens or TMA's zero fill past the buffer, so the mask is compiled out."""
+    v = kn.load(_V_LOAD)
+    gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
+    if MASK_TAIL and start + BLOCK_N > kv_end:
+        offs_t = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _V_LOAD))
+        v = gl.where(((start + offs_t) < kv_end)[:, None], v, gl.zeros_like(v))
+    # d = 128·a + 16·b + 8·c + e  (a < 4, b < 8, c < 2, e < 8)  →  m = 128·a + 16·e + 8·c + b
+    v = v.reshape([BLOCK_N, 4, 8, 2, 8]).permute([0, 1, 4, 3, 2]).reshape([BLOCK_N, D_NOPE])
+    v_t = v.permute([1, 0])
+    gl.static_print("mlalab hopper: Vt store bank conflicts =", gl.bank_conflicts(v_t.type, vt.type))
+    vt.store(v_t)
+
+
+@gluon.jit
+def _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, qo_end,
+                ACC: gl.constexpr, H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
+    """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
+    l = gl.sum(l_acc, axis=0)  # (NQ,): the per-thread running sums, reduced once per work
+    has = l > 0.0  # an empty work (0-token request): output 0, LSE -inf (the identity of the merge)
+    l_safe = gl.where(has, l, 1.0)
+    lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    o = o * (v_scale / l_safe)[None, :]
+    offs_m = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, ACC))
+    offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, ACC))
+    d = ((offs_m & 7) << 4) | ((offs_m >> 4) & 7) | (offs_m & 392)  # π(m): row m holds value dim π(m)
+    n_valid = (qo_end - qo_start) * H  # columns n = (q row - qo_start) · 16 + head; the rest is padding
+    col_ok = offs_n < n_valid
+    mask = col_ok[None, :] & (offs_m < D_NOPE)[:, None]
+    if partial_loc < 0:
+        base = qo_start.to(gl.int64) * H
+        gl.store(OUT + (base + offs_n[None, :]) * D_NOPE + d[:, None], o.to(OUT.dtype.element_ty), mask=mask)
+        gl.store(OUT_LSE + base + offs_n, lse, mask=col_ok)
+    else:
+        base = partial_loc.to(gl.int64) * H
+        gl.store(PART_O + (base + offs_n[None, :]) * D_NOPE + d[:, None], o, mask=mask)
+        gl.store(PART_LSE + base + offs_n, lse, mask=col_ok)
+
+
+@gluon.jit
+def _stage1_kernel(
+    qn_desc, qr_desc,  # TMA descriptors of q viewed as (total_q·16, 576) fp8: dims [0, 512) and [512, 576)
+    kn_desc, kr_desc,  # TMA descriptors of the KV rows (rows, 576) fp8: dims [0, 512) and [512, 576)
+    WORK_INDPTR,  # (n_cu + 1,) int32
+    WORK_INFO,  # (n_work, 8) int32, kv positions in tokens (token_work_info)
+    TILE_INDPTR,  # (n_cu + 1,) int32: CTA c's tiles are TILE_ROWS[TILE_INDPTR[c]:TILE_INDPTR[c+1]]
+    TILE_ROWS,  # int32 KV row of each tile's first token, in the order the CTA consumes them
+    OUT, OUT_LSE, PART_O, PART_LSE,
+    Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales
+    sm_scale,
+    H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
+    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr,
+    num_warps: gl.constexpr,
+):  # fmt: skip
+    gl.static_assert(num_warps == 4, "one warpgroup per CTA")
+    gl.static_assert(BLOCK_N == 64, "the V transpose layout is written for 64-token tiles")
+    gl.static_assert(D_NOPE == 512, "the value-row order pi is written for 512 value dims")
+    pid = gl.program_id(0)
+    w_begin = gl.load(WORK_INDPTR + pid)
+    w_end = gl.load(WORK_INDPTR + pid + 1)
+    t_begin = gl.load(TILE_INDPTR + pid)
+    n_tiles = gl.load(TILE_INDPTR + pid + 1) - t_begin
+
+    # wgmma accumulators (Sᵀ: 64 × NQ, Oᵀ: 512 × NQ): 4 warps along M, N = NQ (16 heads × q rows) per instruction
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NQ, 32])
+    T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)  # 64-B rows
+    fp8: gl.constexpr = kn_desc.dtype
+
+    kn_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
+    kr_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
+    qn_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_NOPE], qn_desc.layout)
+    qr_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_ROPE], qr_desc.layout)
+    vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
+    p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)
+    fence_async_shared()
+
+    # Fill the ring, and fetch the first work's q, before any math.
+    for i in gl.static_range(NUM_STAGES):
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, i, n_tiles, NUM_STAGES)
+    if w_begin < w_end:
+        _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w_begin, 0, H)
+
+    # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
+    qk_scale = sm_scale * gl.load(Q_SCALE) * gl.load(KV_SCALE) * 1.4426950408889634
+    v_scale = gl.load(KV_SCALE)
+    offs_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+
+    it = 0  # tiles consumed by this CTA (ring position and phase)
+    for w in range(w_begin, w_end):
+        j = w - w_begin
+        qb = j % 2
+        mbarrier.wait(q_bar.index(qb), (j // 2) & 1)
+        if w + 1 < w_end:  # buffer (j+1) % 2 held work w-1's q, whose MMAs all completed in its epilogue
+            _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w + 1, j + 1, H)
+        info = WORK_INFO + w * 8
+        partial_loc = gl.load(info + 1)
+        qo_start = gl.load(info + 2)
+        qo_end = gl.load(info + 3)
+        kv_start = gl.load(info + 4)
+        kv_end = gl.load(info + 5)
+        q_nope_t = qn_smem.index(qb).permute((1, 0))  # (512, NQ): the B operand, reduction dim contiguous
+        q_rope_t = qr_smem.index(qb).permute((1, 0))
+
+        m_i = gl.full([NQ], float("-inf"), gl.float32, gl.SliceLayout(0, ACC))
+        l_acc = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
+        o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC))
+        for start in range(kv_start, kv_end, BLOCK_N):
+            s = it % NUM_STAGES
+            mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
+            kn = kn_smem.index(s)
+            # QK on the tensor cores, asynchronously ...
+            s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
+                                  is_async=True)  # fmt: skip
+            s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
+            # ... while the CUDA cores transpose this tile's V (buffer it % 2; PV(it-2) read it and is done)
+            vb = it % 2
+            _transpose_v(kn, vt_smem.index(vb), start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL)
+            s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
+
+            # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
+            sc = s_acc * qk_scale
+            sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(sc - m_new[None, :])
+            l_acc = l_acc * alpha[None, :] + p
+            m_i = m_new
+            p_smem.index(vb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
+            fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (K tile) ordered before async ones
+            _cta_barrier()  # ... by all four warps: the stage is free, Vᵀ and Pᵀ are complete
+            _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, it + NUM_STAGES,
+                           n_tiles, NUM_STAGES)  # fmt: skip
+
+            o_cur = o_cur * alpha[None, :]
+            o_acc = warpgroup_mma(vt_smem.index(vb), p_smem.index(vb).permute((1, 0)), o_cur, is_async=True)
+            it += 1
+        o = warpgroup_mma_wait(0, deps=(o_acc,))
+        _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, qo_end,
+                    ACC, H, NQ, D_NOPE)  # fmt: skip
+
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
+    for i in gl.static_range(2):
+        mbarrier.invalidate(q_bar.index(i))
+
+
+stage1_kernel = _stage1_kernel
+
+
+def make_descriptors(q2d, kv, nq: int) -> tuple:
+    """TMA descriptors ``(qn, qr, kn, kr)`` of q viewed as ``(total_q·16, 576)`` and the KV rows ``(rows, 576)``
+    (both fp8, contiguous): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `BLOCK_N` tokens."""
+    rows, d = int(kv.shape[0]), int(kv.shape[1])
+    nope, rope = 512, d - 512
+    L128 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    L64 = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    qrows = int(q2d.shape[0])
+    qn = TensorDescriptor(q2d, [qrows, nope], [d, 1], [nq, nope], L128)
+    qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d, 1], [nq, rope], L64)
+    kn = TensorDescriptor(kv, [rows, nope], [d, 1], [BLOCK_N, nope], L128)
+    kr = TensorDescriptor(kv[:, nope:], [rows, rope], [d, 1], [BLOCK_N, rope], L64)
+    return qn, qr, kn, kr

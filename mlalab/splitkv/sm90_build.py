@@ -1,0 +1,142 @@
+"""Compile the Hopper kernel for sm_90 on a machine without a GPU, and read what the compiler made of it.
+
+Why: the H200 is lent for minutes; registers, spills, shared memory, bank conflicts and the SASS instruction mix
+cost no device time. Triton compiles for any target once its active driver reports one, and its wheel carries
+``ptxas`` and ``cuobjdump``; `compile_hopper` installs a stand-in driver that reports sm_90 (nothing is
+launched), compiles `gluon_hopper.stage1_kernel` with CPU tensors as stand-ins, and returns a `BuildReport`.
+
+Run it in a fresh process (``python -m mlalab.splitkv.sm90_build``): the stand-in stays the active driver of
+that process.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+__all__ = ["BuildReport", "compile_hopper", "sass_counts", "main"]
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What ptxas made of one configuration of the Hopper kernel."""
+
+    stages: int
+    registers: int
+    stack_bytes: int  # local memory per thread (spills, arrays that went to memory)
+    shared_bytes: int  # dynamic shared memory the kernel asks for
+    bank_conflicts: tuple[int, ...]  # per V-transpose access, as `gl.bank_conflicts` counts them (load, store)
+    sass: dict[str, int] = field(default_factory=dict)  # opcode (with the first modifiers) -> count
+
+
+class _Sm90Driver:
+    """Just enough of a Triton driver to compile (never to launch) for compute capability 9.0."""
+
+    def get_current_target(self):  # noqa: ANN201
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self):  # noqa: ANN201
+        import torch
+
+        return torch.device("cpu")
+
+
+def sass_counts(sass: str) -> dict[str, int]:
+    """Opcode counts of a ``cuobjdump -sass`` listing (memory, MMA and barrier opcodes keep their modifiers)."""
+    keep = ("LDS", "STS", "LDG", "STG", "LDL", "STL", "QGMMA", "HGMMA", "HMMA", "UTMALDG", "BAR")
+    c: collections.Counter[str] = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_x]+)*)", line)
+        if m:
+            op = m.group(1)
+            c[op + (m.group(2) if op in keep else "")] += 1
+    return dict(c)
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{name} is not in this Triton wheel ({path})")
+    return path
+
+
+def compile_hopper(stages: int = 3, *, mask_tail: bool = False) -> BuildReport:
+    """Compile `gluon_hopper.stage1_kernel` for sm_90 with `stages` ring buffers; see the module docstring."""
+    import torch
+    from triton.runtime.driver import driver
+
+    from . import gluon_hopper as G
+
+    driver.set_active(_Sm90Driver())
+    q = torch.zeros(4 * 16, 576, dtype=torch.float8_e4m3fn)
+    kv = torch.zeros(4096, 576, dtype=torch.float8_e4m3fn)
+    i32 = lambda n: torch.zeros(n, dtype=torch.int32)
+    out, lse = torch.zeros(4, 16, 512, dtype=torch.bfloat16), torch.zeros(4, 16)
+    po, pl, one = torch.zeros(8, 16, 512), torch.zeros(8, 16), torch.ones(1)
+    printed = io.StringIO()
+    old_cache = os.environ.get("TRITON_CACHE_DIR")
+    cache = tempfile.mkdtemp(prefix="mlalab-sm90-")  # a fresh cache: a cached kernel would skip static_print
+    os.environ["TRITON_CACHE_DIR"] = cache
+    try:
+        with contextlib.redirect_stdout(printed):  # gl.static_print: the bank-conflict counts
+            ck = G.stage1_kernel.warmup(
+            *G.make_descriptors(q, kv, 16), i32(133), i32(8 * 8), i32(133), i32(64), out, lse, po, pl, one, one,
+            0.04, H=16, NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
+            num_warps=4, grid=(1,),
+        )  # fmt: skip
+    finally:
+        if old_cache is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old_cache
+        shutil.rmtree(cache, ignore_errors=True)
+    conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(ck.asm["cubin"])
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True)
+    regs = re.search(r"REG:(\d+)", res.stdout)
+    stack = re.search(r"STACK:(\d+)", res.stdout)
+    if regs is None or stack is None:
+        raise RuntimeError(f"cannot read cuobjdump's resource usage: {res.stdout[:500]!r}")
+    return BuildReport(
+        stages=stages,
+        registers=int(regs.group(1)),
+        stack_bytes=int(stack.group(1)),
+        shared_bytes=int(ck.metadata.shared),
+        bank_conflicts=conflicts,
+        sass=sass_counts(sass.stdout),
+    )
+
+
+def main() -> None:
+    """Print the build report of each ring depth (run on any machine with Triton; no GPU needed)."""
+    for stages in (2, 3):
+        r = compile_hopper(stages)
+        top = sorted(r.sass.items(), key=lambda kv: -kv[1])[:12]
+        print(f"stages {stages}: {r.registers} registers, {r.stack_bytes} B stack, {r.shared_bytes} B shared, "
+              f"V-transpose bank conflicts {r.bank_conflicts}")  # fmt: skip
+        print("   ", ", ".join(f"{k} {v}" for k, v in top))
+
+
+if __name__ == "__main__":
+    main()
