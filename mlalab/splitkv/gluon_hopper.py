@@ -146,12 +146,15 @@ def _stage1_kernel(
     Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales
     sm_scale,
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
-    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr,
+    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
     gl.static_assert(BLOCK_N == 64, "the V transpose layout is written for 64-token tiles")
     gl.static_assert(D_NOPE == 512, "the value-row order pi is written for 512 value dims")
+    if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)  # fmt: skip
     pid = gl.program_id(0)
     w_begin = gl.load(WORK_INDPTR + pid)
     w_end = gl.load(WORK_INDPTR + pid + 1)

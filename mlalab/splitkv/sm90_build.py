@@ -97,10 +97,10 @@ def compile_hopper(stages: int = 3, *, mask_tail: bool = False) -> BuildReport:
     try:
         with contextlib.redirect_stdout(printed):  # gl.static_print: the bank-conflict counts
             ck = G.stage1_kernel.warmup(
-            *G.make_descriptors(q, kv, 16), i32(133), i32(8 * 8), i32(133), i32(64), out, lse, po, pl, one, one,
-            0.04, H=16, NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
-            num_warps=4, grid=(1,),
-        )  # fmt: skip
+                *G.make_descriptors(q, kv, 16), i32(133), i32(8 * 8), i32(133), i32(64), out, lse, po, pl, one,
+                one, 0.04, H=16, NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages,
+                MASK_TAIL=mask_tail, LAUNCH_DEPENDENTS=True, num_warps=4, grid=(1,),
+            )  # fmt: skip
     finally:
         if old_cache is None:
             os.environ.pop("TRITON_CACHE_DIR", None)

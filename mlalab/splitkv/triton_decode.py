@@ -57,6 +57,11 @@ import os
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (sm_90+): the reduce waits for stage 1's writes
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:  # a Triton without it: the reduce is then launched plainly (USE_PDL False)
+    gdc_wait = None
+
 __all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET"]
 
 #: True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``): the interpreter computes bf16
@@ -449,35 +454,49 @@ def _reduce_kernel(
     H: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    # Grid (T, DV // BLOCK_DV): splitting the 512 value dims gives 4x more programs than tiles, which matters at
-    # small batch where T is only 4..32 and the partials are a few MB.
+    # Grid (T, DV // BLOCK_DV): a small batch has few tiles with many partials each, so the 512 value dims are cut
+    # into BLOCK_DV slices to give every SM some of the work. Partials are read BLOCK_P at a time in one block
+    # load each, so their memory latencies overlap instead of adding up one partial after another.
+    if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
+        gdc_wait()
     t = tl.program_id(0)
     pid_d = tl.program_id(1)
     s = tl.load(REDUCE_INDPTR + t)
-    e = tl.load(REDUCE_INDPTR + t + 1)
-    if e - s > 1:  # one partial: stage 1 already wrote the final output (aiter skips these tiles too)
+    n = tl.load(REDUCE_INDPTR + t + 1) - s
+    if n > 1:  # one partial: stage 1 already wrote the final output (aiter skips these tiles too)
         q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
         q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
+        offs_p = tl.arange(0, BLOCK_P)
         offs_h = tl.arange(0, H)
         offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
         for r in range(q_start, q_end):
             u = r - q_start
             # Pass 1: the largest LSE per head, so the weights exp(L_i - M) are <= 1 (no overflow).
             m = tl.full([H], float("-inf"), tl.float32)
-            for i in range(s, e):
-                prow = (tl.load(REDUCE_PARTIAL_MAP + i) + u).to(tl.int64)
-                m = tl.maximum(m, tl.load(PART_LSE + prow * H + offs_h))
+            for p0 in range(0, n, BLOCK_P):
+                pm = p0 + offs_p < n
+                prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
+                lp = tl.load(PART_LSE + prow[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"))
+                m = tl.maximum(m, tl.max(lp, 0))
             m_safe = tl.where(m == float("-inf"), 0.0, m)
             # Pass 2: the weighted sum of the fp32 partial outputs.
             acc = tl.zeros([H, BLOCK_DV], tl.float32)
             wsum = tl.zeros([H], tl.float32)
-            for i in range(s, e):
-                prow = (tl.load(REDUCE_PARTIAL_MAP + i) + u).to(tl.int64)
-                wgt = tl.exp(tl.load(PART_LSE + prow * H + offs_h) - m_safe)
-                o_i = tl.load(PART_O + prow * (H * DV) + offs_h[:, None] * DV + offs_d[None, :])
-                acc += wgt[:, None] * o_i
-                wsum += wgt
+            for p0 in range(0, n, BLOCK_P):
+                pm = p0 + offs_p < n
+                prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
+                lp = tl.load(PART_LSE + prow[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"))
+                wgt = tl.exp(lp - m_safe[None, :])  # (BLOCK_P, H); masked partials: exp(-inf) = 0
+                o_p = tl.load(
+                    PART_O + prow[:, None, None] * (H * DV) + offs_h[None, :, None] * DV + offs_d[None, None, :],
+                    mask=pm[:, None, None],
+                    other=0.0,
+                )
+                acc += tl.sum(wgt[:, :, None] * o_p, 0)
+                wsum += tl.sum(wgt, 0)
             w_safe = tl.where(wsum > 0.0, wsum, 1.0)
             out = acc / w_safe[:, None]
             tl.store(

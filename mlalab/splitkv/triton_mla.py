@@ -172,7 +172,9 @@ class KernelConfig:
     ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`: fp8 wgmma, TMA ring of ``hopper_stages``
     64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
     (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
-    else portable. The knobs below ``hopper_stages`` belong to the portable kernel.
+    else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
+    overlaps stage 1 and it starts the moment stage 1's writes are visible. The knobs below ``pdl`` belong to the
+    portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
@@ -184,6 +186,7 @@ class KernelConfig:
 
     kernel: str = "auto"
     hopper_stages: int = 3
+    pdl: bool = True
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -323,6 +326,8 @@ class TritonDecoder:
         self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
         self.n_cu = int(plan.work_indptr.numel() - 1)
         self.n_tiles = int(plan.reduce_indptr.numel() - 1)
+        #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
+        self.use_pdl = self.kernel == "hopper" and config.pdl and K.gdc_wait is not None
         if self.kernel == "hopper":
             from . import gluon_hopper as G
 
@@ -344,11 +349,14 @@ class TritonDecoder:
         else:
             self._stage1_portable(q, kv)
         if self.n_tiles > 0 and self.part_o.shape[0] > 0:
-            block_dv = 128
+            # the largest value-dim slice that still gives >= 2 programs per SM; BLOCK_P · BLOCK_DV = 256 keeps one
+            # block load of partials at 32 fp32 registers per thread
+            block_dv = next((b for b in (128, 64) if self.n_tiles * (DV // b) >= 264), 32)
+            pdl = {"launch_pdl": True} if self.use_pdl else {}
             self.K.reduce_kernel[(self.n_tiles, DV // block_dv)](
                 self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
                 self.out, self.lse, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, BLOCK_DV=block_dv, num_warps=4,
+                H=H, DV=DV, BLOCK_DV=block_dv, BLOCK_P=256 // block_dv, USE_PDL=self.use_pdl, num_warps=4, **pdl,
             )  # fmt: skip
         return self.out, self.lse
 
@@ -365,7 +373,8 @@ class TritonDecoder:
             *descs, self.plan.work_indptr, self.work_info, self.tile_indptr, self.tile_rows,
             self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
             H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
-            NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1), num_warps=4,
+            NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
+            LAUNCH_DEPENDENTS=self.use_pdl, num_warps=4,
         )  # fmt: skip
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
