@@ -458,8 +458,8 @@ def _reduce_kernel(
     USE_PDL: tl.constexpr,
 ):
     # Grid (T, DV // BLOCK_DV): a small batch has few tiles with many partials each, so the 512 value dims are cut
-    # into BLOCK_DV slices to give every SM some of the work. Partials are read BLOCK_P at a time in one block
-    # load each, so their memory latencies overlap instead of adding up one partial after another.
+    # into BLOCK_DV slices to give every SM some of the work. The partial loop is unrolled by BLOCK_P, so BLOCK_P
+    # partials' loads are in flight together instead of one partial's latency after another's.
     if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
         gdc_wait()
     t = tl.program_id(0)
@@ -469,7 +469,6 @@ def _reduce_kernel(
     if n > 1:  # one partial: stage 1 already wrote the final output (aiter skips these tiles too)
         q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
         q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
-        offs_p = tl.arange(0, BLOCK_P)
         offs_h = tl.arange(0, H)
         offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
         for r in range(q_start, q_end):
@@ -477,26 +476,22 @@ def _reduce_kernel(
             # Pass 1: the largest LSE per head, so the weights exp(L_i - M) are <= 1 (no overflow).
             m = tl.full([H], float("-inf"), tl.float32)
             for p0 in range(0, n, BLOCK_P):
-                pm = p0 + offs_p < n
-                prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
-                lp = tl.load(PART_LSE + prow[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"))
-                m = tl.maximum(m, tl.max(lp, 0))
+                for j in tl.static_range(BLOCK_P):  # unrolled: the BLOCK_P loads are in flight together
+                    # past the tile's last partial: re-read the last one (valid memory), its weight is set to 0
+                    prow = (tl.load(REDUCE_PARTIAL_MAP + s + tl.minimum(p0 + j, n - 1)) + u).to(tl.int64)
+                    m = tl.maximum(m, tl.load(PART_LSE + prow * H + offs_h))
             m_safe = tl.where(m == float("-inf"), 0.0, m)
-            # Pass 2: the weighted sum of the fp32 partial outputs.
+            # Pass 2: the weighted sum of the fp32 partial outputs, one (H, BLOCK_DV) tile per partial.
             acc = tl.zeros([H, BLOCK_DV], tl.float32)
             wsum = tl.zeros([H], tl.float32)
             for p0 in range(0, n, BLOCK_P):
-                pm = p0 + offs_p < n
-                prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
-                lp = tl.load(PART_LSE + prow[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"))
-                wgt = tl.exp(lp - m_safe[None, :])  # (BLOCK_P, H); masked partials: exp(-inf) = 0
-                o_p = tl.load(
-                    PART_O + prow[:, None, None] * (H * DV) + offs_h[None, :, None] * DV + offs_d[None, None, :],
-                    mask=pm[:, None, None],
-                    other=0.0,
-                )
-                acc += tl.sum(wgt[:, :, None] * o_p, 0)
-                wsum += tl.sum(wgt, 0)
+                for j in tl.static_range(BLOCK_P):
+                    prow = (tl.load(REDUCE_PARTIAL_MAP + s + tl.minimum(p0 + j, n - 1)) + u).to(tl.int64)
+                    lp = tl.load(PART_LSE + prow * H + offs_h)
+                    wgt = tl.where(p0 + j < n, tl.exp(lp - m_safe), 0.0)
+                    o_p = tl.load(PART_O + prow * (H * DV) + offs_h[:, None] * DV + offs_d[None, :])
+                    acc += wgt[:, None] * o_p
+                    wsum += wgt
             w_safe = tl.where(wsum > 0.0, wsum, 1.0)
             out = acc / w_safe[:, None]
             tl.store(

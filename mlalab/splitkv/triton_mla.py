@@ -340,25 +340,27 @@ class TritonDecoder:
         self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run on the prepared tensors, or on same-shaped `q` / `kv` (e.g. rotated copies for timing)."""
-        p, plan = self.p, self.plan
+        p = self.p
         q = p.q if q is None else q
         kv = p.kv if kv is None else kv
-        H, DV = MLA.num_heads, MLA.v_dim
         if self.kernel == "hopper":
             self._stage1_hopper(q, kv)
         else:
             self._stage1_portable(q, kv)
+        self._reduce()
+        return self.out, self.lse
+
+    def _reduce(self) -> None:
+        plan, H, DV = self.plan, MLA.num_heads, MLA.v_dim
         if self.n_tiles > 0 and self.part_o.shape[0] > 0:
-            # the largest value-dim slice that still gives >= 2 programs per SM; BLOCK_P · BLOCK_DV = 256 keeps one
-            # block load of partials at 32 fp32 registers per thread
+            # the largest value-dim slice that still gives >= 2 programs per SM
             block_dv = next((b for b in (128, 64) if self.n_tiles * (DV // b) >= 264), 32)
             pdl = {"launch_pdl": True} if self.use_pdl else {}
             self.K.reduce_kernel[(self.n_tiles, DV // block_dv)](
                 self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
                 self.out, self.lse, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, BLOCK_DV=block_dv, BLOCK_P=256 // block_dv, USE_PDL=self.use_pdl, num_warps=4, **pdl,
+                H=H, DV=DV, BLOCK_DV=block_dv, BLOCK_P=4, USE_PDL=self.use_pdl, num_warps=4, **pdl,
             )  # fmt: skip
-        return self.out, self.lse
 
     def _stage1_hopper(self, q: torch.Tensor, kv: torch.Tensor) -> None:
         if q.dtype != self.p.q.dtype or kv.dtype != self.p.kv.dtype or q.shape != self.p.q.shape:
