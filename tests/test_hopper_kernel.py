@@ -65,8 +65,10 @@ def test_refusals_name_the_reason() -> None:
         TritonDecoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="hopper"))
     with pytest.raises(ValueError, match="kernel must be 'auto', 'hopper' or 'portable'"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(kernel="cuda"))
-    with pytest.raises(ValueError, match="hopper_stages must be 1, 2 or 3"):
+    with pytest.raises(ValueError, match="hopper_stages must be 1..3 with hopper_inplace=False"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=4))
+    with pytest.raises(ValueError, match="hopper_stages must be 1..5 with hopper_inplace=True"):
+        TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=6, hopper_inplace=True))
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -101,8 +103,8 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "from mlalab.splitkv.sm90_build import compile_hopper\n"
-        "for st in (2, 3):\n"
-        "    r = compile_hopper(st)\n"
+        "for st, inplace in ((2, False), (3, False), (2, True), (5, True)):\n"
+        "    r = compile_hopper(st, inplace_vt=inplace)\n"
         "    print('R', st, r.registers, r.stack_bytes, r.shared_bytes, list(r.bank_conflicts),\n"
         "          sum(v for k, v in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(v for k, v in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
@@ -111,7 +113,7 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln.split(maxsplit=5) for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == 2, r.stdout
+    assert len(rows) == 4, r.stdout
     for _, _st, regs, stack, shared, rest in rows:
         conflicts, qgmma, local, lds, sts = rest.rsplit(maxsplit=4)
         assert int(regs) <= 255 and int(stack) == 0, r.stdout  # nothing in local memory
@@ -133,9 +135,12 @@ def _poisoned_run(dec: TritonDecoder) -> tuple[torch.Tensor, torch.Tensor]:
     return out.clone(), lse.clone()
 
 
-def _check_against_reference(p, plan, clean=None) -> tuple[float, float]:  # noqa: ANN001
+_CONFIGS = {"separate-vt": KernelConfig(), "inplace-vt": KernelConfig(hopper_stages=2, hopper_inplace=True)}
+
+
+def _check_against_reference(p, plan, clean=None, config=KernelConfig()) -> tuple[float, float]:  # noqa: ANN001, B008
     """`clean`: the same inputs without the NaN planted in unused page slots (the reference refuses NaN)."""
-    dec = TritonDecoder(p, plan)
+    dec = TritonDecoder(p, plan, config=config)
     assert dec.kernel == "hopper", dec.hopper_reason
     out, lse = _poisoned_run(dec)
     ref, ref_lse = naive_decode(p if clean is None else clean)
@@ -152,19 +157,21 @@ def _check_against_reference(p, plan, clean=None) -> tuple[float, float]:  # noq
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("planner", list(PLANNERS))
-def test_gpu_every_planner_ragged_long_and_empty(planner: str) -> None:
+@pytest.mark.parametrize("variant", list(_CONFIGS))
+def test_gpu_every_planner_ragged_long_and_empty(planner: str, variant: str) -> None:
     from mlalab.backends.triton import build_plan
 
     for lens in [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40]:
         x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
         p = prepare(x, "a8w8")
-        _check_against_reference(p, build_plan(x, planner, 132))
+        _check_against_reference(p, build_plan(x, planner, 132), config=_CONFIGS[variant])
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
-def test_gpu_paged_64_permuted_with_nan_in_unused_slots(planner: str) -> None:
+@pytest.mark.parametrize("variant", list(_CONFIGS))
+def test_gpu_paged_64_permuted_with_nan_in_unused_slots(planner: str, variant: str) -> None:
     from mlalab.backends.triton import build_plan
 
     lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
@@ -181,7 +188,7 @@ def test_gpu_paged_64_permuted_with_nan_in_unused_slots(planner: str) -> None:
             used = int(x.kv_last_page_len[b])
             kv[pages[e - 1], used:].view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
     knobs = {"block": 1} if planner == "simple" else {}
-    _check_against_reference(p, build_plan(x, planner, 132, **knobs), clean)
+    _check_against_reference(p, build_plan(x, planner, 132, **knobs), clean, _CONFIGS[variant])
 
 
 @pytest.mark.gpu
@@ -205,11 +212,14 @@ def test_gpu_production_error_within_5pct_of_quantisation_error_and_close_to_por
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 def test_gpu_rotated_kv_copies_and_stage_counts() -> None:
     """Timing calls the decoder on KV copies: each copy gets its own TMA descriptors (a stale descriptor would
-    read the first copy). Every ring depth gives the same output."""
+    read the first copy). Every ring depth, with a separate or an in-place Vᵀ, gives the same output."""
     x = make_inputs(DecodeCase(kv_lens=(3000, 17, 800), seed=12)).to("cuda")
     p = prepare(x, "a8w8")
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
-    outs = [TritonDecoder(p, plan, config=KernelConfig(hopper_stages=s))()[0].clone() for s in (1, 2, 3)]
+    cfgs = [KernelConfig(hopper_stages=s) for s in (1, 2, 3)] + [
+        KernelConfig(hopper_stages=s, hopper_inplace=True) for s in (1, 2, 5)
+    ]
+    outs = [TritonDecoder(p, plan, config=c)()[0].clone() for c in cfgs]
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     dec = TritonDecoder(p, plan)
     other = p.kv.clone()

@@ -55,6 +55,18 @@ __all__ = ["BLOCK_N", "stage1_kernel", "make_descriptors", "TensorDescriptor"]
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 #: CTA-wide barrier: ``thread_barrier`` up to 3.6, ``barrier`` later.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+#: a shared-memory view with another shape / layout: ``_reinterpret`` up to 3.6, ``reinterpret`` later.
+_HAS_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def _reinterpret(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    if _HAS_REINTERPRET:
+        view = smem.reinterpret(dtype, shape, layout)
+    else:
+        view = smem._reinterpret(dtype, shape, layout)
+    return view
+
 
 #: tokens per tile: the M of the score wgmma (one warpgroup covers 64 rows) and the K of the value wgmma.
 BLOCK_N = 64
@@ -91,8 +103,10 @@ def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w, j, H: gl.c
 
 
 @gluon.jit
-def _transpose_v(kn, vt, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, MASK_TAIL: gl.constexpr):
-    """Vᵀ (value row m = π(d), token) ← V (token, d) = the first 512 dims of the K tile, through registers.
+def _load_v(kn, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, MASK_TAIL: gl.constexpr):
+    """V (token, d) = the first 512 dims of the K tile, into registers, value dims already in the row order π
+    of Vᵀ (`_store_vt`): ``d = 128·a + 16·b + 8·c + e`` (a < 4, b < 8, c < 2, e < 8) goes to ``m = 128·a + 16·e +
+    8·c + b`` (a relabelling of register tensor dims: no data moves).
 
     ``MASK_TAIL`` (paged caches): tokens past the work's end are zeroed, since a page's unused slots may hold
     anything and 0 · NaN would poison Oᵀ although their P is 0. With the identity page table those rows are the
@@ -102,9 +116,13 @@ def _transpose_v(kn, vt, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.conste
     if MASK_TAIL and start + BLOCK_N > kv_end:
         offs_t = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _V_LOAD))
         v = gl.where(((start + offs_t) < kv_end)[:, None], v, gl.zeros_like(v))
-    # d = 128·a + 16·b + 8·c + e  (a < 4, b < 8, c < 2, e < 8)  →  m = 128·a + 16·e + 8·c + b
     v = v.reshape([BLOCK_N, 4, 8, 2, 8]).permute([0, 1, 4, 3, 2]).reshape([BLOCK_N, D_NOPE])
-    v_t = v.permute([1, 0])
+    return v.permute([1, 0])
+
+
+@gluon.jit
+def _store_vt(v_t, vt):
+    """Vᵀ (value row m, token) into shared memory: 16-byte stores, 0 bank conflicts with the π row order."""
     gl.static_print("mlalab hopper: Vt store bank conflicts =", gl.bank_conflicts(v_t.type, vt.type))
     vt.store(v_t)
 
@@ -118,20 +136,41 @@ def _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_
     l_safe = gl.where(has, l, 1.0)
     lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     o = o * (v_scale / l_safe)[None, :]
-    offs_m = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, ACC))
-    offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, ACC))
-    d = ((offs_m & 7) << 4) | ((offs_m >> 4) & 7) | (offs_m & 392)  # π(m): row m holds value dim π(m)
+    # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows
+    # [128·c, 128·c + 128) are dims [128·c, 128·c + 128) for each chunk c (its bits are register bits: split is free)
+    o = o.reshape([4, 8, 2, 8, NQ]).permute([0, 3, 2, 1, 4]).reshape([4, 128, NQ]).permute([1, 2, 0])
+    o01, o23 = gl.split(o.reshape([128, NQ, 2, 2]))
+    o0, o1 = gl.split(o01)
+    o2, o3 = gl.split(o23)
     n_valid = (qo_end - qo_start) * H  # columns n = (q row - qo_start) · 16 + head; the rest is padding
-    col_ok = offs_n < n_valid
-    mask = col_ok[None, :] & (offs_m < D_NOPE)[:, None]
+    offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, ACC))
+    lse_ok = offs_n < n_valid
     if partial_loc < 0:
         base = qo_start.to(gl.int64) * H
-        gl.store(OUT + (base + offs_n[None, :]) * D_NOPE + d[:, None], o.to(OUT.dtype.element_ty), mask=mask)
-        gl.store(OUT_LSE + base + offs_n, lse, mask=col_ok)
+        _store_chunk(o0, OUT, base, n_valid, 0, D_NOPE, NQ)
+        _store_chunk(o2, OUT, base, n_valid, 256, D_NOPE, NQ)
+        _store_chunk(o1, OUT, base, n_valid, 128, D_NOPE, NQ)
+        _store_chunk(o3, OUT, base, n_valid, 384, D_NOPE, NQ)
+        gl.store(OUT_LSE + base + offs_n, lse, mask=lse_ok)
     else:
         base = partial_loc.to(gl.int64) * H
-        gl.store(PART_O + (base + offs_n[None, :]) * D_NOPE + d[:, None], o, mask=mask)
-        gl.store(PART_LSE + base + offs_n, lse, mask=col_ok)
+        _store_chunk(o0, PART_O, base, n_valid, 0, D_NOPE, NQ)
+        _store_chunk(o2, PART_O, base, n_valid, 256, D_NOPE, NQ)
+        _store_chunk(o1, PART_O, base, n_valid, 128, D_NOPE, NQ)
+        _store_chunk(o3, PART_O, base, n_valid, 384, D_NOPE, NQ)
+        gl.store(PART_LSE + base + offs_n, lse, mask=lse_ok)
+
+
+@gluon.jit
+def _store_chunk(o, DST, base, n_valid, d0: gl.constexpr, D_NOPE: gl.constexpr, NQ: gl.constexpr):
+    """Store value dims [d0, d0 + 128) of the NQ output rows: converted (through shared memory) so that each
+    thread writes 4 consecutive dims and a warp 512 contiguous bytes, instead of 4-byte scatter."""
+    L: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+    o = gl.convert_layout(o, L)
+    offs_d = gl.arange(0, 128, layout=gl.SliceLayout(1, L))
+    offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, L))
+    ptr = DST + (base + offs_n[None, :]) * D_NOPE + d0 + offs_d[:, None]
+    gl.store(ptr, o.to(DST.dtype.element_ty), mask=(offs_n < n_valid)[None, :] & (offs_d < 128)[:, None])
 
 
 @gluon.jit
@@ -147,6 +186,7 @@ def _stage1_kernel(
     sm_scale,
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
+    INPLACE_VT: gl.constexpr,
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
@@ -170,7 +210,10 @@ def _stage1_kernel(
     kr_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
     qn_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_ROPE], qr_desc.layout)
-    vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
+    if INPLACE_VT:  # Vᵀ overwrites the consumed K tile of its own stage: 2 CTAs fit an SM at 2 stages
+        vt_smem = kn_smem
+    else:  # separate double-buffered Vᵀ (64 KB): the transposing stores never wait for PV
+        vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -218,10 +261,20 @@ def _stage1_kernel(
             s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
                                   is_async=True)  # fmt: skip
             s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
-            # ... while the CUDA cores transpose this tile's V (buffer it % 2; PV(it-2) read it and is done)
+            # ... while the CUDA cores load this tile's V into registers
             vb = it % 2
-            _transpose_v(kn, vt_smem.index(vb), start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL)
+            v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL)
             s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
+            if INPLACE_VT:
+                # PV(it-1) is done: its stage (Vᵀ of tile it-1) takes the tile NUM_STAGES - 1 ahead of this one
+                if it > 0:
+                    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin,
+                                   it - 1 + NUM_STAGES, n_tiles, NUM_STAGES)  # fmt: skip
+                _cta_barrier()  # every warp has its V (and QK is done) before the tile is overwritten by Vᵀ
+                vt = _reinterpret(kn, fp8, [D_NOPE, BLOCK_N], T_LAYOUT)
+            else:  # buffer it % 2: PV(it-2) read it and completed in the previous iteration's wait
+                vt = vt_smem.index(vb)
+            _store_vt(v_t, vt)
 
             # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
             sc = s_acc * qk_scale
@@ -233,12 +286,13 @@ def _stage1_kernel(
             m_i = m_new
             p_smem.index(vb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (K tile) ordered before async ones
-            _cta_barrier()  # ... by all four warps: the stage is free, Vᵀ and Pᵀ are complete
-            _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, it + NUM_STAGES,
-                           n_tiles, NUM_STAGES)  # fmt: skip
+            _cta_barrier()  # ... by all four warps: Vᵀ and Pᵀ are complete (and, separate Vᵀ: the stage is free)
+            if not INPLACE_VT:
+                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, it + NUM_STAGES,
+                               n_tiles, NUM_STAGES)  # fmt: skip
 
             o_cur = o_cur * alpha[None, :]
-            o_acc = warpgroup_mma(vt_smem.index(vb), p_smem.index(vb).permute((1, 0)), o_cur, is_async=True)
+            o_acc = warpgroup_mma(vt, p_smem.index(vb).permute((1, 0)), o_cur, is_async=True)
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
         _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, qo_end,

@@ -172,7 +172,9 @@ class KernelConfig:
     ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`: fp8 wgmma, TMA ring of ``hopper_stages``
     64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
     (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
-    else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
+    else portable. ``hopper_inplace``: Vᵀ overwrites the consumed K tile of its own ring stage instead of a
+    separate double buffer (98 KB of shared memory at 2 stages: two CTAs per SM, so plan with ``num_cus`` = 2 ×
+    SMs; up to 5 stages). ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
     overlaps stage 1 and it starts the moment stage 1's writes are visible. The knobs below ``pdl`` belong to the
     portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
@@ -186,6 +188,7 @@ class KernelConfig:
 
     kernel: str = "auto"
     hopper_stages: int = 3
+    hopper_inplace: bool = False
     pdl: bool = True
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
@@ -292,9 +295,11 @@ class TritonDecoder:
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         if config.kernel not in ("auto", "hopper", "portable"):
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
-        if not 1 <= config.hopper_stages <= 3:
+        max_stages = 5 if config.hopper_inplace else 3  # what 227 KB of shared memory hold
+        if not 1 <= config.hopper_stages <= max_stages:
             raise ValueError(
-                f"hopper_stages must be 1, 2 or 3 (227 KB of shared memory hold 3 tiles), got {config.hopper_stages}"
+                f"hopper_stages must be 1..{max_stages} with hopper_inplace={config.hopper_inplace} (227 KB of shared "
+                f"memory), got {config.hopper_stages}"
             )
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
         plan.validate(prepared.qo_indptr, prepared.kv_indptr)  # once per plan: a broken plan never reaches the GPU
@@ -376,7 +381,7 @@ class TritonDecoder:
             self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
             H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
             NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
-            LAUNCH_DEPENDENTS=self.use_pdl, num_warps=4,
+            LAUNCH_DEPENDENTS=self.use_pdl, INPLACE_VT=c.hopper_inplace, num_warps=4,
         )  # fmt: skip
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
