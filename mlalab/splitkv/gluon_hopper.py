@@ -139,9 +139,9 @@ def _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_
     # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows
     # [128·c, 128·c + 128) are dims [128·c, 128·c + 128) for each chunk c (its bits are register bits: split is free)
     o = o.reshape([4, 8, 2, 8, NQ]).permute([0, 3, 2, 1, 4]).reshape([4, 128, NQ]).permute([1, 2, 0])
-    o01, o23 = gl.split(o.reshape([128, NQ, 2, 2]))
-    o0, o1 = gl.split(o01)
-    o2, o3 = gl.split(o23)
+    even, odd = gl.split(o.reshape([128, NQ, 2, 2]))  # chunk c = 2·a + b: split takes b (the last axis) first
+    o0, o2 = gl.split(even)
+    o1, o3 = gl.split(odd)
     n_valid = (qo_end - qo_start) * H  # columns n = (q row - qo_start) · 16 + head; the rest is padding
     offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, ACC))
     lse_ok = offs_n < n_valid
@@ -211,7 +211,8 @@ def _stage1_kernel(
     qn_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_ROPE], qr_desc.layout)
     if INPLACE_VT:  # Vᵀ overwrites the consumed K tile of its own stage: 2 CTAs fit an SM at 2 stages
-        vt_smem = kn_smem
+        gl.static_assert(NUM_STAGES >= 2, "in-place Vt refills a stage only after its PV: it needs 2 stages")
+        vt_smem = _reinterpret(kn_smem, fp8, [NUM_STAGES, D_NOPE, BLOCK_N], T_LAYOUT)  # the whole ring, viewed
     else:  # separate double-buffered Vᵀ (64 KB): the transposing stores never wait for PV
         vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
@@ -271,7 +272,7 @@ def _stage1_kernel(
                     _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin,
                                    it - 1 + NUM_STAGES, n_tiles, NUM_STAGES)  # fmt: skip
                 _cta_barrier()  # every warp has its V (and QK is done) before the tile is overwritten by Vᵀ
-                vt = _reinterpret(kn, fp8, [D_NOPE, BLOCK_N], T_LAYOUT)
+                vt = vt_smem.index(s)
             else:  # buffer it % 2: PV(it-2) read it and completed in the previous iteration's wait
                 vt = vt_smem.index(vb)
             _store_vt(v_t, vt)

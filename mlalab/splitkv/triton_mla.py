@@ -295,11 +295,12 @@ class TritonDecoder:
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         if config.kernel not in ("auto", "hopper", "portable"):
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
-        max_stages = 5 if config.hopper_inplace else 3  # what 227 KB of shared memory hold
-        if not 1 <= config.hopper_stages <= max_stages:
+        # what 227 KB of shared memory hold; in place, a stage is refilled only after its PV, so >= 2
+        lo, hi = (2, 5) if config.hopper_inplace else (1, 3)
+        if not lo <= config.hopper_stages <= hi:
             raise ValueError(
-                f"hopper_stages must be 1..{max_stages} with hopper_inplace={config.hopper_inplace} (227 KB of shared "
-                f"memory), got {config.hopper_stages}"
+                f"hopper_stages must be {lo}..{hi} with hopper_inplace={config.hopper_inplace}, got "
+                f"{config.hopper_stages}"
             )
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
         plan.validate(prepared.qo_indptr, prepared.kv_indptr)  # once per plan: a broken plan never reaches the GPU
