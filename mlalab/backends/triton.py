@@ -3,7 +3,8 @@
 Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16), ``fp8_format`` (e4m3fn | e4m3fnuz),
 ``planner`` (a name from `mlalab.splitkv.PLANNERS`; default "simple", the one-wave even split), ``num_cus``
 (plan slots; default: the GPU's SM count), ``plan_block`` (the simple planner's `block`: minimum work size in
-kv_indices positions, i.e. tokens at page size 1), ``plan`` (a ready WorkPlan), the planner's own knobs (e.g.
+kv_indices positions, i.e. tokens at page size 1; default 64, and `HOPPER_PLAN_BLOCK` = 128 where the Hopper
+kernel runs), ``plan`` (a ready WorkPlan), the planner's own knobs (e.g.
 ``kv_granularity``, ``max_split_per_batch``), and the `KernelConfig` knobs (``block_n``, ``num_warps``,
 ``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``, ``qk_tokens_m``, ``d_chunk``,
 ``chunk_pv``); unset knobs take KernelConfig's defaults, the configuration tuned on the H200. Any page size works:
@@ -54,6 +55,22 @@ def build_plan(inputs: DecodeInputs, planner: str = "simple", num_cus: int | Non
     )
 
 
+#: The simple planner's minimum work (tokens) when the Hopper kernel runs: 2 tiles of 64. Measured on the H200
+#: (data/timings/h200_2026-12-02_hopper_dev5.csv): 9.6 vs 10.7 us at 4 x 1024, 10.7 vs 12.9 at 8 x 1024, equal or
+#: better elsewhere; fewer, longer works halve the partials the reduce must read at small batch.
+HOPPER_PLAN_BLOCK = 128
+
+
+def _hopper_expected(precision: str, knobs: dict[str, Any]) -> bool:
+    """Whether `TritonDecoder` will pick the Hopper kernel (a8w8 on an sm_90 GPU, kernel not forced portable)."""
+    return (
+        str(precision).lower() == "a8w8"
+        and knobs.get("kernel", "auto") != "portable"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability() == (9, 0)
+    )
+
+
 def make_callable(
     inputs: DecodeInputs,
     *,
@@ -87,6 +104,8 @@ def make_callable(
         )
     if plan_block is not None:
         plan_knobs["block"] = plan_block
+    elif planner == "simple" and "block" not in plan_knobs and _hopper_expected(precision, knobs):
+        plan_knobs["block"] = HOPPER_PLAN_BLOCK
     reason = probe()
     if reason is not None:
         raise RuntimeError(f"triton backend unavailable: {reason}")

@@ -55,17 +55,6 @@ __all__ = ["BLOCK_N", "stage1_kernel", "make_descriptors", "TensorDescriptor"]
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 #: CTA-wide barrier: ``thread_barrier`` up to 3.6, ``barrier`` later.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-#: a shared-memory view with another shape / layout: ``_reinterpret`` up to 3.6, ``reinterpret`` later.
-_HAS_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-
-
-@gluon.jit
-def _reinterpret(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-    if _HAS_REINTERPRET:
-        view = smem.reinterpret(dtype, shape, layout)
-    else:
-        view = smem._reinterpret(dtype, shape, layout)
-    return view
 
 
 #: tokens per tile: the M of the score wgmma (one warpgroup covers 64 rows) and the K of the value wgmma.
@@ -186,7 +175,6 @@ def _stage1_kernel(
     sm_scale,
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
-    INPLACE_VT: gl.constexpr,
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
@@ -210,11 +198,7 @@ def _stage1_kernel(
     kr_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
     qn_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_ROPE], qr_desc.layout)
-    if INPLACE_VT:  # Vᵀ overwrites the consumed K tile of its own stage: 2 CTAs fit an SM at 2 stages
-        gl.static_assert(NUM_STAGES >= 2, "in-place Vt refills a stage only after its PV: it needs 2 stages")
-        vt_smem = _reinterpret(kn_smem, fp8, [NUM_STAGES, D_NOPE, BLOCK_N], T_LAYOUT)  # the whole ring, viewed
-    else:  # separate double-buffered Vᵀ (64 KB): the transposing stores never wait for PV
-        vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
+    vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -266,15 +250,7 @@ def _stage1_kernel(
             vb = it % 2
             v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL)
             s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
-            if INPLACE_VT:
-                # PV(it-1) is done: its stage (Vᵀ of tile it-1) takes the tile NUM_STAGES - 1 ahead of this one
-                if it > 0:
-                    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin,
-                                   it - 1 + NUM_STAGES, n_tiles, NUM_STAGES)  # fmt: skip
-                _cta_barrier()  # every warp has its V (and QK is done) before the tile is overwritten by Vᵀ
-                vt = vt_smem.index(s)
-            else:  # buffer it % 2: PV(it-2) read it and completed in the previous iteration's wait
-                vt = vt_smem.index(vb)
+            vt = vt_smem.index(vb)  # PV(it-2) read this buffer and completed in the previous iteration's wait
             _store_vt(v_t, vt)
 
             # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
@@ -287,10 +263,9 @@ def _stage1_kernel(
             m_i = m_new
             p_smem.index(vb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (K tile) ordered before async ones
-            _cta_barrier()  # ... by all four warps: Vᵀ and Pᵀ are complete (and, separate Vᵀ: the stage is free)
-            if not INPLACE_VT:
-                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, it + NUM_STAGES,
-                               n_tiles, NUM_STAGES)  # fmt: skip
+            _cta_barrier()  # ... by all four warps: the stage is free, Vᵀ and Pᵀ are complete
+            _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, it + NUM_STAGES,
+                           n_tiles, NUM_STAGES)  # fmt: skip
 
             o_cur = o_cur * alpha[None, :]
             o_acc = warpgroup_mma(vt, p_smem.index(vb).permute((1, 0)), o_cur, is_async=True)

@@ -457,50 +457,47 @@ def _reduce_kernel(
     BLOCK_P: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # Grid (T, DV // BLOCK_DV): a small batch has few tiles with many partials each, so the 512 value dims are cut
-    # into BLOCK_DV slices to give every SM some of the work. The partial loop is unrolled by BLOCK_P, so BLOCK_P
-    # partials' loads are in flight together instead of one partial's latency after another's.
+    # Grid (T, H, DV // BLOCK_DV), one warp each: a small batch has few tiles with many partials, so every
+    # (tile, head, value slice) is its own program, and it reads BLOCK_P partials' slices in ONE block load
+    # (their latencies overlap; the sum over partials stays inside each thread's registers).
     if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
         gdc_wait()
     t = tl.program_id(0)
-    pid_d = tl.program_id(1)
+    h = tl.program_id(1)
+    pid_d = tl.program_id(2)
     s = tl.load(REDUCE_INDPTR + t)
     n = tl.load(REDUCE_INDPTR + t + 1) - s
     if n > 1:  # one partial: stage 1 already wrote the final output (aiter skips these tiles too)
         q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
         q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
-        offs_h = tl.arange(0, H)
+        offs_p = tl.arange(0, BLOCK_P)
         offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
         for r in range(q_start, q_end):
             u = r - q_start
-            # Pass 1: the largest LSE per head, so the weights exp(L_i - M) are <= 1 (no overflow).
-            m = tl.full([H], float("-inf"), tl.float32)
+            # Pass 1: the largest LSE, so the weights exp(L_i - M) are <= 1 (no overflow).
+            mv = tl.full([BLOCK_P], float("-inf"), tl.float32)
             for p0 in range(0, n, BLOCK_P):
-                for j in tl.static_range(BLOCK_P):  # unrolled: the BLOCK_P loads are in flight together
-                    # past the tile's last partial: re-read the last one (valid memory), its weight is set to 0
-                    prow = (tl.load(REDUCE_PARTIAL_MAP + s + tl.minimum(p0 + j, n - 1)) + u).to(tl.int64)
-                    m = tl.maximum(m, tl.load(PART_LSE + prow * H + offs_h))
+                pm = p0 + offs_p < n
+                prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
+                mv = tl.maximum(mv, tl.load(PART_LSE + prow * H + h, mask=pm, other=float("-inf")))
+            m = tl.max(mv, 0)
             m_safe = tl.where(m == float("-inf"), 0.0, m)
-            # Pass 2: the weighted sum of the fp32 partial outputs, one (H, BLOCK_DV) tile per partial.
-            acc = tl.zeros([H, BLOCK_DV], tl.float32)
-            wsum = tl.zeros([H], tl.float32)
+            # Pass 2: the weighted sum of the fp32 partial outputs.
+            acc = tl.zeros([BLOCK_DV], tl.float32)
+            wv = tl.zeros([BLOCK_P], tl.float32)
             for p0 in range(0, n, BLOCK_P):
-                for j in tl.static_range(BLOCK_P):
-                    prow = (tl.load(REDUCE_PARTIAL_MAP + s + tl.minimum(p0 + j, n - 1)) + u).to(tl.int64)
-                    lp = tl.load(PART_LSE + prow * H + offs_h)
-                    wgt = tl.where(p0 + j < n, tl.exp(lp - m_safe), 0.0)
-                    o_p = tl.load(PART_O + prow * (H * DV) + offs_h[:, None] * DV + offs_d[None, :])
-                    acc += wgt[:, None] * o_p
-                    wsum += wgt
+                pm = p0 + offs_p < n
+                prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
+                lp = tl.load(PART_LSE + prow * H + h, mask=pm, other=float("-inf"))
+                wgt = tl.where(pm, tl.exp(lp - m_safe), 0.0)
+                o_p = tl.load(PART_O + prow[:, None] * (H * DV) + h * DV + offs_d[None, :], mask=pm[:, None], other=0.0)
+                acc += tl.sum(wgt[:, None] * o_p, 0)
+                wv += wgt
+            wsum = tl.sum(wv, 0)
             w_safe = tl.where(wsum > 0.0, wsum, 1.0)
-            out = acc / w_safe[:, None]
-            tl.store(
-                OUT + r * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
-                out.to(OUT.dtype.element_ty),
-            )
+            tl.store(OUT + r * stride_ot + h * stride_oh + offs_d, (acc / w_safe).to(OUT.dtype.element_ty))
             if pid_d == 0:
-                lse = tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf"))
-                tl.store(OUT_LSE + r * H + offs_h, lse)
+                tl.store(OUT_LSE + r * H + h, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
 
 
 stage1_kernel = _stage1_kernel

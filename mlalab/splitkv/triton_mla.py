@@ -172,9 +172,7 @@ class KernelConfig:
     ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`: fp8 wgmma, TMA ring of ``hopper_stages``
     64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
     (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
-    else portable. ``hopper_inplace``: Vᵀ overwrites the consumed K tile of its own ring stage instead of a
-    separate double buffer (98 KB of shared memory at 2 stages: two CTAs per SM, so plan with ``num_cus`` = 2 ×
-    SMs; up to 5 stages). ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
+    else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
     overlaps stage 1 and it starts the moment stage 1's writes are visible. The knobs below ``pdl`` belong to the
     portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
@@ -188,7 +186,6 @@ class KernelConfig:
 
     kernel: str = "auto"
     hopper_stages: int = 3
-    hopper_inplace: bool = False
     pdl: bool = True
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
@@ -279,7 +276,7 @@ class TritonDecoder:
         pv_exact: bool = False,
         sm_scale: float | None = None,
     ) -> None:
-        import triton  # noqa: F401  (clear ImportError before any work)
+        import triton  # (clear ImportError before any work)
 
         from . import triton_decode as K
 
@@ -295,12 +292,9 @@ class TritonDecoder:
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         if config.kernel not in ("auto", "hopper", "portable"):
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
-        # what 227 KB of shared memory hold; in place, a stage is refilled only after its PV, so >= 2
-        lo, hi = (2, 5) if config.hopper_inplace else (1, 3)
-        if not lo <= config.hopper_stages <= hi:
+        if not 1 <= config.hopper_stages <= 3:
             raise ValueError(
-                f"hopper_stages must be {lo}..{hi} with hopper_inplace={config.hopper_inplace}, got "
-                f"{config.hopper_stages}"
+                f"hopper_stages must be 1, 2 or 3 (227 KB of shared memory hold 3 tiles), got {config.hopper_stages}"
             )
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
         plan.validate(prepared.qo_indptr, prepared.kv_indptr)  # once per plan: a broken plan never reaches the GPU
@@ -332,6 +326,9 @@ class TritonDecoder:
         self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
         self.n_cu = int(plan.work_indptr.numel() - 1)
         self.n_tiles = int(plan.reduce_indptr.numel() - 1)
+        # partials read per block load in the reduce: all of a tile's (up to 32: 128 fp32 registers per lane)
+        most = int((plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).max()) if self.n_tiles else 1
+        self.reduce_block_p = min(32, triton.next_power_of_2(max(2, most)))
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
         self.use_pdl = self.kernel == "hopper" and config.pdl and K.gdc_wait is not None
         if self.kernel == "hopper":
@@ -359,13 +356,11 @@ class TritonDecoder:
     def _reduce(self) -> None:
         plan, H, DV = self.plan, MLA.num_heads, MLA.v_dim
         if self.n_tiles > 0 and self.part_o.shape[0] > 0:
-            # the largest value-dim slice that still gives >= 2 programs per SM
-            block_dv = next((b for b in (128, 64) if self.n_tiles * (DV // b) >= 264), 32)
             pdl = {"launch_pdl": True} if self.use_pdl else {}
-            self.K.reduce_kernel[(self.n_tiles, DV // block_dv)](
+            self.K.reduce_kernel[(self.n_tiles, H, DV // 128)](
                 self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
                 self.out, self.lse, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, BLOCK_DV=block_dv, BLOCK_P=4, USE_PDL=self.use_pdl, num_warps=4, **pdl,
+                H=H, DV=DV, BLOCK_DV=128, BLOCK_P=self.reduce_block_p, USE_PDL=self.use_pdl, num_warps=1, **pdl,
             )  # fmt: skip
 
     def _stage1_hopper(self, q: torch.Tensor, kv: torch.Tensor) -> None:
@@ -382,7 +377,7 @@ class TritonDecoder:
             self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
             H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
             NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
-            LAUNCH_DEPENDENTS=self.use_pdl, INPLACE_VT=c.hopper_inplace, num_warps=4,
+            LAUNCH_DEPENDENTS=self.use_pdl, num_warps=4,
         )  # fmt: skip
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
