@@ -447,6 +447,7 @@ def _reduce_kernel(
     REDUCE_INDPTR,  # (T + 1,) int32
     REDUCE_FINAL_MAP,  # (T, 2) int32: q rows [q_start, q_end) of tile t
     REDUCE_PARTIAL_MAP,  # (P_tiles,) int32: first partial row of each partial
+    SPLIT_TILES,  # (n,) int32: the tiles with >= 2 partials, the only ones with work (program 0 axis)
     OUT,
     OUT_LSE,
     stride_ot,
@@ -457,12 +458,13 @@ def _reduce_kernel(
     BLOCK_P: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # Grid (T, H, DV // BLOCK_DV), one warp each: a small batch has few tiles with many partials, so every
+    # Grid (split tiles, H, DV // BLOCK_DV), one warp each: a small batch has few tiles with many partials, so every
     # (tile, head, value slice) is its own program, and it reads BLOCK_P partials' slices in ONE block load
-    # (their latencies overlap; the sum over partials stays inside each thread's registers).
+    # (their latencies overlap; the sum over partials stays inside each thread's registers). Tiles with one partial
+    # (stage 1 wrote their output) get no program at all: the host lists the split ones once per plan.
     if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
         gdc_wait()
-    t = tl.program_id(0)
+    t = tl.load(SPLIT_TILES + tl.program_id(0))
     h = tl.program_id(1)
     pid_d = tl.program_id(2)
     s = tl.load(REDUCE_INDPTR + t)

@@ -327,8 +327,10 @@ class TritonDecoder:
         self.n_cu = int(plan.work_indptr.numel() - 1)
         self.n_tiles = int(plan.reduce_indptr.numel() - 1)
         # partials read per block load in the reduce: all of a tile's (up to 32: 128 fp32 registers per lane)
-        most = int((plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).max()) if self.n_tiles else 1
-        self.reduce_block_p = min(32, triton.next_power_of_2(max(2, most)))
+        counts = (plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).cpu()
+        self.reduce_block_p = min(32, triton.next_power_of_2(max(2, int(counts.max()) if self.n_tiles else 1)))
+        #: the reduce tiles with >= 2 partials: the reduce's grid (none: no reduce launch at all)
+        self.split_tiles = torch.nonzero(counts.cpu() >= 2).flatten().to(device=dev, dtype=torch.int32)
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
         self.use_pdl = self.kernel == "hopper" and config.pdl and K.gdc_wait is not None
         if self.kernel == "hopper":
@@ -355,11 +357,11 @@ class TritonDecoder:
 
     def _reduce(self) -> None:
         plan, H, DV = self.plan, MLA.num_heads, MLA.v_dim
-        if self.n_tiles > 0 and self.part_o.shape[0] > 0:
+        if self.split_tiles.numel():
             pdl = {"launch_pdl": True} if self.use_pdl else {}
-            self.K.reduce_kernel[(self.n_tiles, H, DV // 128)](
+            self.K.reduce_kernel[(self.split_tiles.numel(), H, DV // 128)](
                 self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
-                self.out, self.lse, self.out.stride(0), self.out.stride(1),
+                self.split_tiles, self.out, self.lse, self.out.stride(0), self.out.stride(1),
                 H=H, DV=DV, BLOCK_DV=128, BLOCK_P=self.reduce_block_p, USE_PDL=self.use_pdl, num_warps=1, **pdl,
             )  # fmt: skip
 
