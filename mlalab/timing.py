@@ -238,10 +238,10 @@ def _refs(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tens
     return cache["exact"], cache[precision]
 
 
-def config_string(backend: str, opts: dict[str, Any], plan: Any = None) -> str:
+def config_string(backend: str, opts: dict[str, Any], plan: Any = None, ran: str | None = None) -> str:
     """The `config` column. Triton: the full `KernelConfig` the run used plus the plan options, as compact JSON
-    (``num_cus`` = the plan's slot count and ``plan`` = its `plan_digest` when `plan` is given). Other backends:
-    ``k=v,...`` of their options."""
+    (``num_cus`` = the plan's slot count and ``plan`` = its `plan_digest` when `plan` is given; ``ran`` = the
+    stage-1 kernel ``kernel="auto"`` chose, "hopper" or "portable"). Other backends: ``k=v,...`` of their options."""
     if not isinstance(opts, dict):
         raise TypeError(f"opts must be a dict, got {type(opts).__name__}")
     legacy = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
@@ -258,6 +258,8 @@ def config_string(backend: str, opts: dict[str, Any], plan: Any = None) -> str:
     if plan is not None:
         d["num_cus"] = int(plan.num_cus)
         d["plan"] = plan_digest(plan)
+    if ran is not None:
+        d["ran"] = str(ran)
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -318,7 +320,7 @@ def bench_one(
                 kw["planner"] = planner
             call, info = mod.make_callable(x, precision=precision, n_copies=n_copies, **kw)
             if backend == "triton":  # the config and plan slots actually used, not only the ones asked for
-                rec.config = config_string(backend, opts, info["plan"])
+                rec.config = config_string(backend, opts, info["plan"], info["decoder"].kernel)
         out = call(0).float()
         torch.cuda.synchronize()
         exact, emul = _refs(x, precision, refs)

@@ -42,7 +42,8 @@ from mlalab.timing import (
 from mlalab.traffic import decode_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN3 = "h200_2026-12-02_run3.csv"
+RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
+RUN4 = "h200_2026-12-02_run4.csv"  # the newest full run: the default view
 
 
 def test_readme_numbers_are_what_the_default_views_show() -> None:
@@ -54,7 +55,7 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     )
     assert m and m2, "README headline sentence not found"
     h = headline(load_recorded())
-    assert h["files"] == (RUN3,) and RUN3 in text
+    assert h["files"] == (RUN4,) and RUN4 in text
     assert f"{h['geomean_us']:.1f}" == m.group(1) and f"{h['ratio']:.2f}" == m.group(2)
     assert f"{h['peer_geomean_us']:.1f}" == m.group(3)
     assert f"{h['pct_copy_at_shape']:.0f}" == m2.group(1) and f"{h['us_at_shape']:.1f}" == m2.group(2)
@@ -62,9 +63,9 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     # the default figure, the report and the plan panel's record show the same row at B128 x L8192
     bars = bars_per_shape(load_recorded(), [("triton", "a8w8")])
     y = dict(zip(bars.data[0].x, bars.data[0].y))
-    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN3 in bars.layout.title.text
+    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN4 in bars.layout.title.text
     s = section_timings(ReportOptions())
-    assert s.unavailable is None and RUN3 in s.description
+    assert s.unavailable is None and RUN4 in s.description
     ry = dict(zip(s.figures[0].data[0].x, s.figures[0].data[0].y))
     assert ry == y
     assert f"{record_for_shape(load_recorded(), 128, 8192)['us_median']:.1f}" == m2.group(2)
@@ -72,21 +73,21 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
 
 def test_default_view_is_one_run_one_config_per_shape() -> None:
     df = load_recorded()
-    assert default_run(df) == RUN3  # newest full suite run; the d-chunk sweep has no default Triton rows
+    assert default_run(df) == RUN4  # newest full suite run; sweeps and dev runs have no default Triton rows
     v = recorded_view(df)
-    assert v.files == (RUN3,) and not v.best_of_all and (v.rows["run"] == RUN3).all()
+    assert v.files == (RUN4,) and not v.best_of_all and (v.rows["run"] == RUN4).all()
     assert not v.rows.duplicated(["backend", "precision", "batch", "kv_len"]).any()
     tri = v.rows[(v.rows["backend"] == "triton") & (v.rows["precision"] == "a8w8")]
     assert sorted(zip(tri["batch"], tri["kv_len"])) == sorted(COMPETITION_SHAPES)
-    # best of N over every file is faster somewhere (e.g. the sweep's 477 µs at B128 x L8192), and says so
+    # best of N over every file is faster somewhere (a Hopper development run at B128 x L8192), and says so
     b = recorded_view(df, best_of_all=True)
-    assert "best of" in b.label and len(b.files) == 4
+    assert "best of" in b.label and len(b.files) == len(set(df["run"]))
     bt = b.rows[(b.rows["backend"] == "triton") & (b.rows["precision"] == "a8w8")].set_index(["batch", "kv_len"])
     assert bt.loc[(128, 8192), "us_median"] < tri.set_index(["batch", "kv_len"]).loc[(128, 8192), "us_median"]
-    assert "sweep_dchunk" in bt.loc[(128, 8192), "source"]
+    assert "hopper_dev" in bt.loc[(128, 8192), "source"]
     fig = bars_per_shape(df, [("triton", "a8w8")], best_of_all=True)
     assert "best of" in fig.layout.title.text and "best of" in fig.data[0].name
-    assert any("sweep_dchunk" in h for h in fig.data[0].hovertext)
+    assert any("hopper_dev" in h for h in fig.data[0].hovertext)
     # an older run can be picked explicitly; a run without default Triton rows gives a clear error downstream
     assert recorded_view(df, run="h200_2026-12-02_run1.csv").files == ("h200_2026-12-02_run1.csv",)
     with pytest.raises(ValueError, match="not recorded"):
@@ -131,7 +132,9 @@ def test_roof_is_labelled_with_its_source() -> None:
 
 
 def test_plan_digest_says_whether_the_map_is_the_measured_plan() -> None:
-    row = record_for_shape(load_recorded(), 64, 8192).copy()
+    new = record_for_shape(load_recorded(), 64, 8192)  # run 4 recorded its plans' digests: the rebuild is checked
+    assert plan_check(new, plan_of_record(new))[0] == "same"
+    row = record_for_shape(load_recorded(), 64, 8192, run=RUN3).copy()
     today = plan_of_record(row)
     assert plan_check(row, today)[0] == "unknown"  # run3 recorded no digest
     row["config"] = config_string("triton", {}, today)  # what a new run records for this plan

@@ -65,9 +65,9 @@ def _check_df(df: object) -> pd.DataFrame:
 
 def is_default_config(cell: object, sm_count: int | None = None) -> bool:
     """Whether a Triton `config` cell is the backend's default: an empty cell (that run's defaults), or JSON whose
-    kernel knobs equal today's ``KernelConfig()`` with no plan knobs beyond ``num_cus`` (= the SM count) and the
-    recorded ``plan`` digest. ``k=v`` cells (old runs wrote only the knobs they were given) and perf_sweep
-    variants (``name:``) are not defaults."""
+    kernel knobs equal today's ``KernelConfig()`` with no plan knobs beyond ``num_cus`` (= the SM count), the
+    recorded ``plan`` digest and the kernel that ran (``ran``). ``k=v`` cells (old runs wrote only the knobs they
+    were given) and perf_sweep variants (``name:``) are not defaults."""
     from ..splitkv.triton_mla import KernelConfig
 
     cfg = parse_config(cell)
@@ -78,7 +78,7 @@ def is_default_config(cell: object, sm_count: int | None = None) -> bool:
     default = dataclasses.asdict(KernelConfig())
     if any(cfg.get(k) != v for k, v in default.items()):
         return False
-    extra = set(cfg) - set(default) - {"num_cus", "plan"}
+    extra = set(cfg) - set(default) - {"num_cus", "plan", "ran"}
     if extra:
         return False
     return sm_count is None or "num_cus" not in cfg or int(cfg["num_cus"]) == int(sm_count)
