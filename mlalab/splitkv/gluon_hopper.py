@@ -29,7 +29,7 @@ tile's wait and QK). Vᵀ and Pᵀ are double-buffered so PV(i) never races the 
 Each work ends like the portable kernel's: final bf16 output + LSE when the request is whole, else an fp32
 partial + natural-log LSE for the reduce (`triton_decode.reduce_kernel`, the same WorkPlan contract). The epilogue
 un-permutes the rows (a relabelling of register dims) and converts 128-dim chunks so that each warp stores 512
-contiguous bytes: writing straight from the wgmma layout scattered 4-byte stores and cost 1–6 µs per call
+contiguous bytes: writing straight from the wgmma layout scattered 4-byte stores and cost 1.5–5 µs per call
 (measured, data/timings/h200_2026-12-02_hopper_dev3 vs dev5). With ``LAUNCH_DEPENDENTS`` every CTA signals at once
 that the reduce (launched as a programmatic dependent) may start; the reduce waits for this grid's writes.
 
