@@ -112,6 +112,10 @@ def test_config_column_is_the_full_kernel_config_and_old_cells_still_read() -> N
     d = parse_config(s)
     assert {k: d[k] for k in KernelConfig.__dataclass_fields__} == {**KernelConfig().__dict__, "num_warps": 4}
     assert d["num_cus"] == 264 and d["plan_block"] == 128  # the plan slots actually used, and the plan knob
+    from mlalab.plots.timing import is_default_config
+
+    ran = config_string("triton", {}, make_plan("simple", *indptrs_for([1024] * 4), 132), "hopper")
+    assert parse_config(ran)["ran"] == "hopper" and is_default_config(ran, 132)  # which kernel auto chose
     assert parse_config("dc256_w8:" + s)["variant"] == "dc256_w8"
     assert config_string("flashmla", {}) == "" and config_string("aiter", {"b": 1, "a": True}) == "a=True,b=1"
     # every recorded cell parses (old k=v, perf_sweep's "name:k=v", empty = that run's defaults)
