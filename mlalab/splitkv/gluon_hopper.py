@@ -141,22 +141,21 @@ def _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_
     o0, o2 = gl.split(even)
     o1, o3 = gl.split(odd)
     n_valid = (qo_end - qo_start) * H  # columns n = (q row - qo_start) · 16 + head; the rest is padding
-    offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, ACC))
-    lse_ok = offs_n < n_valid
-    if partial_loc < 0:
-        base = qo_start.to(gl.int64) * H
-        _store_chunk(o0, OUT, base, n_valid, 0, D_NOPE, NQ)
-        _store_chunk(o2, OUT, base, n_valid, 256, D_NOPE, NQ)
-        _store_chunk(o1, OUT, base, n_valid, 128, D_NOPE, NQ)
-        _store_chunk(o3, OUT, base, n_valid, 384, D_NOPE, NQ)
-        gl.store(OUT_LSE + base + offs_n, lse, mask=lse_ok)
-    else:
-        base = partial_loc.to(gl.int64) * H
-        _store_chunk(o0, PART_O, base, n_valid, 0, D_NOPE, NQ)
-        _store_chunk(o2, PART_O, base, n_valid, 256, D_NOPE, NQ)
-        _store_chunk(o1, PART_O, base, n_valid, 128, D_NOPE, NQ)
-        _store_chunk(o3, PART_O, base, n_valid, 384, D_NOPE, NQ)
-        gl.store(PART_LSE + base + offs_n, lse, mask=lse_ok)
+    if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
+        _store_rows(o0, o1, o2, o3, lse, OUT, OUT_LSE, qo_start.to(gl.int64) * H, n_valid, D_NOPE, NQ)
+    else:  # one split of it: fp32 partial at the plan's partial rows
+        _store_rows(o0, o1, o2, o3, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, n_valid, D_NOPE, NQ)
+
+
+@gluon.jit
+def _store_rows(o0, o1, o2, o3, lse, DST, DST_LSE, base, n_valid, D_NOPE: gl.constexpr, NQ: gl.constexpr):
+    """Rows ``base + n`` (n < n_valid) of DST get the four 128-dim chunks, DST_LSE their LSE."""
+    _store_chunk(o0, DST, base, n_valid, 0, D_NOPE, NQ)
+    _store_chunk(o1, DST, base, n_valid, 128, D_NOPE, NQ)
+    _store_chunk(o2, DST, base, n_valid, 256, D_NOPE, NQ)
+    _store_chunk(o3, DST, base, n_valid, 384, D_NOPE, NQ)
+    offs_n = gl.arange(0, NQ, layout=lse.type.layout)
+    gl.store(DST_LSE + base + offs_n, lse, mask=offs_n < n_valid)
 
 
 @gluon.jit
