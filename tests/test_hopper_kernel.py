@@ -60,6 +60,7 @@ def test_refusals_name_the_reason() -> None:
     splan = make_plan("simple", spec.qo_indptr, spec.kv_indptr, 4)
     swi = token_work_info(splan, spec.kv_indptr, spec.kv_last_page_len)
     assert "q_len 1" in hopper_unsupported(prepare(spec, "a8w8"), swi)
+    assert "q_len 1" in hopper_unsupported(prepare(spec, "a8w8"), None)  # before a plan exists: from qo_indptr
     # asked for explicitly, a refusal is an error naming the reason; "auto" falls back to the portable kernel
     with pytest.raises(ValueError, match="kernel='hopper' cannot run here: a8w8 only"):
         TritonDecoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="hopper"))

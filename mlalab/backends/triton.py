@@ -61,16 +61,6 @@ def build_plan(inputs: DecodeInputs, planner: str = "simple", num_cus: int | Non
 HOPPER_PLAN_BLOCK = 128
 
 
-def _hopper_expected(precision: str, knobs: dict[str, Any]) -> bool:
-    """Whether `TritonDecoder` will pick the Hopper kernel (a8w8 on an sm_90 GPU, kernel not forced portable)."""
-    return (
-        str(precision).lower() == "a8w8"
-        and knobs.get("kernel", "auto") != "portable"
-        and torch.cuda.is_available()
-        and torch.cuda.get_device_capability() == (9, 0)
-    )
-
-
 def make_callable(
     inputs: DecodeInputs,
     *,
@@ -87,7 +77,7 @@ def make_callable(
 ) -> tuple[Callable[[int], torch.Tensor], dict[str, Any]]:
     """(call(i) -> output on KV copy i, info). Everything (quantisation, plan, buffers) is built here, once.
     `knobs` are `KernelConfig` fields (block_n, num_warps, ...); unset ones take the tuned defaults."""
-    from ..splitkv.triton_mla import KernelConfig, TritonDecoder, prepare
+    from ..splitkv.triton_mla import KernelConfig, TritonDecoder, hopper_unsupported, prepare
 
     valid = {f.name for f in dataclasses.fields(KernelConfig)}
     if planner not in PLANNERS:
@@ -102,14 +92,19 @@ def make_callable(
             f"unknown triton option(s) {', '.join(unknown)}; kernel knobs: {', '.join(sorted(valid))}; "
             f"planner {planner!r} knobs: {', '.join(sorted(plan_valid))}"
         )
-    if plan_block is not None:
-        plan_knobs["block"] = plan_block
-    elif planner == "simple" and "block" not in plan_knobs and _hopper_expected(precision, knobs):
-        plan_knobs["block"] = HOPPER_PLAN_BLOCK
     reason = probe()
     if reason is not None:
         raise RuntimeError(f"triton backend unavailable: {reason}")
     prep = prepare(inputs, precision, fp8_format)
+    if plan_block is not None:
+        plan_knobs["block"] = plan_block
+    elif (
+        planner == "simple"
+        and "block" not in plan_knobs
+        and knobs.get("kernel", "auto") != "portable"
+        and hopper_unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype) is None
+    ):
+        plan_knobs["block"] = HOPPER_PLAN_BLOCK
     if plan is None:
         plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     cfg = KernelConfig(**knobs)

@@ -101,7 +101,8 @@ def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w, j, H: gl.c
 
 
 @gluon.jit
-def _load_v(kn, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, MASK_TAIL: gl.constexpr):
+def _load_v(kn, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, MASK_TAIL: gl.constexpr,
+            REPORT: gl.constexpr):  # fmt: skip
     """V (token, d) = the first 512 dims of the K tile, into registers, value dims already in the row order π
     of Vᵀ (`_store_vt`): ``d = 128·a + 16·b + 8·c + e`` (a < 4, b < 8, c < 2, e < 8) goes to ``m = 128·a + 16·e +
     8·c + b`` (a relabelling of register tensor dims: no data moves).
@@ -110,7 +111,8 @@ def _load_v(kn, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, MASK
     anything and 0 · NaN would poison Oᵀ although their P is 0. With the identity page table those rows are the
     next request's tokens or TMA's zero fill past the buffer, so the mask is compiled out."""
     v = kn.load(_V_LOAD)
-    gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
+    if REPORT:  # compile-time count for `sm90_build` (printed by the compiler, not at run time)
+        gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
     if MASK_TAIL and start + BLOCK_N > kv_end:
         offs_t = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _V_LOAD))
         v = gl.where(((start + offs_t) < kv_end)[:, None], v, gl.zeros_like(v))
@@ -119,15 +121,16 @@ def _load_v(kn, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, MASK
 
 
 @gluon.jit
-def _store_vt(v_t, vt):
+def _store_vt(v_t, vt, REPORT: gl.constexpr):
     """Vᵀ (value row m, token) into shared memory: 16-byte stores, 0 bank conflicts with the π row order."""
-    gl.static_print("mlalab hopper: Vt store bank conflicts =", gl.bank_conflicts(v_t.type, vt.type))
+    if REPORT:
+        gl.static_print("mlalab hopper: Vt store bank conflicts =", gl.bank_conflicts(v_t.type, vt.type))
     vt.store(v_t)
 
 
 @gluon.jit
 def _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, qo_end,
-                ACC: gl.constexpr, H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
+                H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
     l = gl.sum(l_acc, axis=0)  # (NQ,): the per-thread running sums, reduced once per work
     has = l > 0.0  # an empty work (0-token request): output 0, LSE -inf (the identity of the merge)
@@ -183,6 +186,7 @@ def _stage1_kernel(
     sm_scale,
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
+    REPORT: gl.constexpr,  # print the V-transpose bank-conflict counts while compiling (sm90_build)
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
@@ -256,10 +260,10 @@ def _stage1_kernel(
             s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
             # ... while the CUDA cores load this tile's V into registers
             vb = it % 2
-            v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL)
+            v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL, REPORT)
             s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
             vt = vt_smem.index(vb)  # PV(it-2) read this buffer and completed in the previous iteration's wait
-            _store_vt(v_t, vt)
+            _store_vt(v_t, vt, REPORT)
 
             # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
             sc = s_acc * qk_scale
@@ -280,7 +284,7 @@ def _stage1_kernel(
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
         _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, qo_end,
-                    ACC, H, NQ, D_NOPE)  # fmt: skip
+                    H, NQ, D_NOPE)  # fmt: skip
 
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))

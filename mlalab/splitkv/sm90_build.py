@@ -99,7 +99,7 @@ def compile_hopper(stages: int = 3, *, mask_tail: bool = False) -> BuildReport:
             ck = G.stage1_kernel.warmup(
                 *G.make_descriptors(q, kv, 16), i32(133), i32(8 * 8), i32(133), i32(64), out, lse, po, pl, one,
                 one, 0.04, H=16, NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages,
-                MASK_TAIL=mask_tail, LAUNCH_DEPENDENTS=True, num_warps=4, grid=(1,),
+                MASK_TAIL=mask_tail, LAUNCH_DEPENDENTS=True, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

@@ -469,7 +469,7 @@ def _reduce_kernel(
     pid_d = tl.program_id(2)
     s = tl.load(REDUCE_INDPTR + t)
     n = tl.load(REDUCE_INDPTR + t + 1) - s
-    if n > 1:  # one partial: stage 1 already wrote the final output (aiter skips these tiles too)
+    if n > 1:  # a guard only: the host lists split tiles (one partial: stage 1 wrote the output, as in aiter)
         q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
         q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
         offs_p = tl.arange(0, BLOCK_P)

@@ -208,10 +208,12 @@ def hopper_import_error() -> str | None:
     return None
 
 
-def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor, *, pv_exact: bool = False,
+def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_exact: bool = False,
                        out_dtype: torch.dtype = torch.bfloat16) -> str | None:  # fmt: skip
     """Why the sm_90 Gluon kernel cannot run these inputs and plan (None when it can): first what the inputs ask
-    for, then what this machine lacks. `work_info`: token positions (`token_work_info`)."""
+    for, then what this machine lacks. `work_info`: the plan's works (`token_work_info`); None = before any plan
+    exists, judging q rows per request from ``qo_indptr`` (the planners never split a request's q rows).
+    The one place that decides: `TritonDecoder` (kernel="auto") and the backend's plan default both ask it."""
     if prepared.precision is not Precision.A8W8:
         return f"a8w8 only (fp8 wgmma for both products), not {prepared.precision.value}"
     if prepared.kv.dtype != torch.float8_e4m3fn:
@@ -224,7 +226,11 @@ def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor, *, pv_
         return (f"tiles of 64 tokens must be contiguous rows: page size 1 with the identity page table, or a "
                 f"page size that is a multiple of 64 (got page size {prepared.page_size}, "
                 f"{'identity' if prepared.contiguous else 'permuted'} page table)")  # fmt: skip
-    if work_info.numel() and int((work_info[:, 3] - work_info[:, 2]).max()) > 1:
+    if work_info is None:
+        q_rows = prepared.qo_indptr[1:] - prepared.qo_indptr[:-1]
+    else:
+        q_rows = work_info[:, 3] - work_info[:, 2]
+    if q_rows.numel() and int(q_rows.max()) > 1:
         return "one q row per work (q_len 1); speculative decode (q_len > 1) runs on the portable kernel"
     dev = prepared.q.device
     if dev.type != "cuda" or torch.version.cuda is None:
@@ -330,7 +336,7 @@ class TritonDecoder:
         counts = (plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).cpu()
         self.reduce_block_p = min(32, triton.next_power_of_2(max(2, int(counts.max()) if self.n_tiles else 1)))
         #: the reduce tiles with >= 2 partials: the reduce's grid (none: no reduce launch at all)
-        self.split_tiles = torch.nonzero(counts.cpu() >= 2).flatten().to(device=dev, dtype=torch.int32)
+        self.split_tiles = torch.nonzero(counts >= 2).flatten().to(device=dev, dtype=torch.int32)
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
         self.use_pdl = self.kernel == "hopper" and config.pdl and K.gdc_wait is not None
         if self.kernel == "hopper":
@@ -366,8 +372,10 @@ class TritonDecoder:
             )  # fmt: skip
 
     def _stage1_hopper(self, q: torch.Tensor, kv: torch.Tensor) -> None:
-        if q.dtype != self.p.q.dtype or kv.dtype != self.p.kv.dtype or q.shape != self.p.q.shape:
-            raise ValueError("q / kv must have the prepared tensors' dtype and shape")
+        if (q.dtype, q.shape, kv.dtype, kv.shape) != (self.p.q.dtype, self.p.q.shape, self.p.kv.dtype, self.p.kv.shape):
+            raise ValueError("q / kv must have the prepared tensors' dtype and shape (TMA descriptors are cached)")
+        if not (q.is_contiguous() and kv.is_contiguous()):
+            raise ValueError("q / kv must be contiguous (their TMA descriptors assume the prepared strides)")
         key = (q.data_ptr(), kv.data_ptr())
         descs = self._descs.get(key)
         if descs is None:  # one set of TMA descriptors per (q, kv) buffer pair, e.g. per rotated KV copy
@@ -379,7 +387,7 @@ class TritonDecoder:
             self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
             H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
             NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
-            LAUNCH_DEPENDENTS=self.use_pdl, num_warps=4,
+            LAUNCH_DEPENDENTS=self.use_pdl, REPORT=False, num_warps=4,
         )  # fmt: skip
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
