@@ -320,7 +320,7 @@ def bench_one(
                 kw["planner"] = planner
             call, info = mod.make_callable(x, precision=precision, n_copies=n_copies, **kw)
             if backend == "triton":  # the config and plan slots actually used, not only the ones asked for
-                rec.config = config_string(backend, opts, info["plan"], info["decoder"].kernel)
+                rec.config = config_string(backend, opts, info["plan"], info["decoder"].ran)
         out = call(0).float()
         torch.cuda.synchronize()
         exact, emul = _refs(x, precision, refs)

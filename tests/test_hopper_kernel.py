@@ -1,5 +1,5 @@
-"""The sm_90 Gluon kernel (`mlalab.splitkv.gluon_hopper`): what it accepts, how it is built, and on the GPU,
-that it computes the decode of the same quantised inputs.
+"""The sm_90 Gluon kernels (`mlalab.splitkv.gluon_hopper`, `gluon_hopper_vreg`): what they accept, how they are
+built, and on the GPU, that they compute the decode of the same quantised inputs.
 
 CPU (CI): the kernel is compiled for sm_90 in a subprocess (ptxas from Triton's wheel, no GPU): fp8 wgmma in the
 SASS, no local memory, shared memory within the 227 KB a CTA may have, and a V transpose free of bank
@@ -102,26 +102,51 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "from mlalab.splitkv.sm90_build import compile_hopper\n"
-        "for st in (1, 2, 3):\n"
-        "    r = compile_hopper(st)\n"
-        "    print('R', st, r.registers, r.stack_bytes, r.shared_bytes, list(r.bank_conflicts),\n"
-        "          sum(v for k, v in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
-        "          sum(v for k, v in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
+        "for v in ('vt-smem', 'v-regs'):\n"
+        "  for st in (1, 2, 3):\n"
+        "    r = compile_hopper(st, variant=v)\n"
+        "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
+        "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
+        "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
         "          r.sass.get('LDS.128', 0), r.sass.get('STS.128', 0))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [ln.split(maxsplit=5) for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == 3, r.stdout
-    for _, _st, regs, stack, shared, rest in rows:
-        conflicts, qgmma, local, lds, sts = rest.rsplit(maxsplit=4)
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
+    assert len(rows) == 6, r.stdout
+    for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts in rows:
         assert int(regs) <= 255 and int(stack) == 0, r.stdout  # nothing in local memory
         assert local == "0", r.stdout  # no local loads/stores, no byte-wise shared loads
         assert int(shared) <= 227 * 1024, r.stdout  # what one CTA may take on sm_90
-        assert conflicts == "[0, 0]", r.stdout  # V^T transpose: loads and stores conflict-free
         # 18 score (16 nope + 2 rope k-steps of 32) + 16 value (8 row blocks x 2 k-steps) fp8 wgmmas per tile
         assert int(qgmma) == 34, r.stdout
-        assert int(lds) >= 16 and int(sts) >= 16, r.stdout  # the transpose: 16 x 16-byte loads and stores
+        assert int(lds) >= 16, r.stdout  # V of a tile: 16 x 16-byte loads per thread
+        if variant == "vt-smem":
+            assert conflicts == "0,0" and int(sts) >= 16, r.stdout  # the transpose: 16-byte stores, no conflicts
+        else:
+            assert conflicts == "0" and int(sts) < 16, r.stdout  # V goes to registers: no transposing stores
+
+
+def test_cta_info_rows_and_variant_choice() -> None:
+    from mlalab.splitkv.triton_mla import HOPPER_LONG_STREAM, hopper_cta_info
+
+    x = make_inputs(DecodeCase(kv_lens=(0, 130, 5, 4096)))
+    p = prepare(x, "a8w8")
+    plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 8, block=128)
+    wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+    ti, rows = hopper_tiles(p, plan.work_indptr, wi)
+    info = hopper_cta_info(plan.work_indptr, ti, rows, wi)
+    assert info.shape == (8, 8) and info.dtype == torch.int32
+    for c in range(8):
+        w0, w1, t0, t1 = (int(v) for v in info[c, :4])
+        assert (w0, w1) == (int(plan.work_indptr[c]), int(plan.work_indptr[c + 1]))
+        assert (t0, t1) == (int(ti[c]), int(ti[c + 1]))
+        for i in range(3):  # the rows of its first three tiles, 0 where it has fewer
+            assert int(info[c, 4 + i]) == (int(rows[t0 + i]) if t0 + i < t1 else 0)
+        assert int(info[c, 7]) == (int(wi[w0, 2]) if w0 < w1 else 0)  # q row of its first work
+    assert HOPPER_LONG_STREAM >= 1
+    with pytest.raises(ValueError, match="hopper_variant must be"):
+        TritonDecoder(p, plan, config=KernelConfig(hopper_variant="fast"))
 
 
 # --------------------------------------------------------------------------------------------- GPU
@@ -134,7 +159,12 @@ def _poisoned_run(dec: TritonDecoder) -> tuple[torch.Tensor, torch.Tensor]:
     return out.clone(), lse.clone()
 
 
-_CONFIGS = {"3-stages": KernelConfig(), "1-stage": KernelConfig(hopper_stages=1)}
+_CONFIGS = {
+    "vt-smem-3-stages": KernelConfig(hopper_variant="vt-smem"),
+    "vt-smem-1-stage": KernelConfig(hopper_variant="vt-smem", hopper_stages=1),
+    "v-regs-3-stages": KernelConfig(hopper_variant="v-regs"),
+    "v-regs-2-stages": KernelConfig(hopper_variant="v-regs", hopper_stages=2),
+}
 
 
 def _check_against_reference(p, plan, clean=None, config=KernelConfig()) -> tuple[float, float]:  # noqa: ANN001, B008
@@ -160,7 +190,9 @@ def _check_against_reference(p, plan, clean=None, config=KernelConfig()) -> tupl
 def test_gpu_every_planner_ragged_long_and_empty(planner: str, variant: str) -> None:
     from mlalab.backends.triton import build_plan
 
-    for lens in [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40]:
+    # (100,) * 150: 150 works on 132 slots, so some CTAs run two works (the case a bug of v-regs once hung on)
+    for lens in [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40,
+                 (100,) * 150]:  # fmt: skip
         x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
         p = prepare(x, "a8w8")
         _check_against_reference(p, build_plan(x, planner, 132), config=_CONFIGS[variant])
@@ -215,10 +247,12 @@ def test_gpu_rotated_kv_copies_and_stage_counts() -> None:
     x = make_inputs(DecodeCase(kv_lens=(3000, 17, 800), seed=12)).to("cuda")
     p = prepare(x, "a8w8")
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
-    cfgs = [KernelConfig(hopper_stages=s) for s in (1, 2, 3)] + [KernelConfig(pdl=False)]
-    outs = [TritonDecoder(p, plan, config=c)()[0].clone() for c in cfgs]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-    dec = TritonDecoder(p, plan)
+    for variant in ("vt-smem", "v-regs"):
+        cfgs = [KernelConfig(hopper_variant=variant, hopper_stages=s) for s in (1, 2, 3)]
+        outs = [TritonDecoder(p, plan, config=c)()[0].clone() for c in cfgs]
+        outs.append(TritonDecoder(p, plan, config=KernelConfig(hopper_variant=variant, pdl=False))()[0].clone())
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), variant
+    dec = TritonDecoder(p, plan, config=KernelConfig(hopper_variant="v-regs"))
     other = p.kv.clone()
     other[: p.kv.shape[0] // 2] = p.kv[p.kv.shape[0] // 2 : 2 * (p.kv.shape[0] // 2)]  # different contents
     a = dec()[0].clone()

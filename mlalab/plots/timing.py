@@ -76,7 +76,7 @@ def is_default_config(cell: object, sm_count: int | None = None) -> bool:
     if "variant" in cfg or not isinstance(cell, str) or "{" not in cell:
         return False
     default = dataclasses.asdict(KernelConfig())
-    if any(cfg.get(k) != v for k, v in default.items()):
+    if any(k in cfg and cfg[k] != v for k, v in default.items()):  # a knob a run did not have: its default then
         return False
     extra = set(cfg) - set(default) - {"num_cus", "plan", "ran"}
     if extra:

@@ -32,7 +32,9 @@ class BuildReport:
     registers: int
     stack_bytes: int  # local memory per thread (spills, arrays that went to memory)
     shared_bytes: int  # dynamic shared memory the kernel asks for
-    bank_conflicts: tuple[int, ...]  # per V-transpose access, as `gl.bank_conflicts` counts them (load, store)
+    bank_conflicts: tuple[
+        int, ...
+    ]  # per V access, as `gl.bank_conflicts` counts them (vt-smem: load, store; v-regs: load)
     sass: dict[str, int] = field(default_factory=dict)  # opcode (with the first modifiers) -> count
 
 
@@ -77,12 +79,17 @@ def _tool(name: str) -> str:
     return path
 
 
-def compile_hopper(stages: int = 3, *, mask_tail: bool = False) -> BuildReport:
-    """Compile `gluon_hopper.stage1_kernel` for sm_90 with `stages` ring buffers; see the module docstring."""
+def compile_hopper(stages: int = 3, *, mask_tail: bool = False, variant: str = "vt-smem") -> BuildReport:
+    """Compile the sm_90 stage 1 of `variant` (``vt-smem``: `gluon_hopper`, ``v-regs``: `gluon_hopper_vreg`) for
+    sm_90 with `stages` ring buffers; see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
-    from . import gluon_hopper as G
+    from . import gluon_hopper, gluon_hopper_vreg
+
+    if variant not in ("vt-smem", "v-regs"):
+        raise ValueError(f"variant must be 'vt-smem' or 'v-regs', got {variant!r}")
+    G = gluon_hopper_vreg if variant == "v-regs" else gluon_hopper
 
     driver.set_active(_Sm90Driver())
     q = torch.zeros(4 * 16, 576, dtype=torch.float8_e4m3fn)
@@ -96,8 +103,10 @@ def compile_hopper(stages: int = 3, *, mask_tail: bool = False) -> BuildReport:
     os.environ["TRITON_CACHE_DIR"] = cache
     try:
         with contextlib.redirect_stdout(printed):  # gl.static_print: the bank-conflict counts
+            plan_args = (i32(133), i32(8 * 8), i32(133), i32(64)) if variant == "vt-smem" else (
+                i32(132 * 8), i32(8 * 8), i32(64))  # fmt: skip
             ck = G.stage1_kernel.warmup(
-                *G.make_descriptors(q, kv, 16), i32(133), i32(8 * 8), i32(133), i32(64), out, lse, po, pl, one,
+                *G.make_descriptors(q, kv, 16), *plan_args, out, lse, po, pl, one,
                 one, 0.04, H=16, NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages,
                 MASK_TAIL=mask_tail, LAUNCH_DEPENDENTS=True, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
@@ -130,12 +139,13 @@ def compile_hopper(stages: int = 3, *, mask_tail: bool = False) -> BuildReport:
 
 def main() -> None:
     """Print the build report of each ring depth (run on any machine with Triton; no GPU needed)."""
-    for stages in (1, 2, 3):
-        r = compile_hopper(stages)
-        top = sorted(r.sass.items(), key=lambda kv: -kv[1])[:12]
-        print(f"stages {stages}: {r.registers} registers, {r.stack_bytes} B stack, "
-              f"{r.shared_bytes} B shared, V-transpose bank conflicts {r.bank_conflicts}")  # fmt: skip
-        print("   ", ", ".join(f"{k} {v}" for k, v in top))
+    for variant in ("vt-smem", "v-regs"):
+        for stages in (1, 2, 3):
+            r = compile_hopper(stages, variant=variant)
+            top = sorted(r.sass.items(), key=lambda kv: -kv[1])[:12]
+            print(f"{variant} stages {stages}: {r.registers} registers, {r.stack_bytes} B stack, "
+                  f"{r.shared_bytes} B shared, V bank conflicts {r.bank_conflicts}")  # fmt: skip
+            print("   ", ", ".join(f"{k} {v}" for k, v in top))
 
 
 if __name__ == "__main__":

@@ -169,12 +169,13 @@ def token_work_info(plan: WorkPlan, kv_indptr: torch.Tensor, kv_last_page_len: t
 class KernelConfig:
     """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`).
 
-    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`: fp8 wgmma, TMA ring of ``hopper_stages``
+    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernels (`gluon_hopper`, `gluon_hopper_vreg`: fp8 wgmma, TMA ring of ``hopper_stages``
     64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
     (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
     else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
-    overlaps stage 1 and it starts the moment stage 1's writes are visible. The knobs below ``pdl`` belong to the
-    portable kernel.
+    overlaps stage 1 and it starts the moment stage 1's writes are visible. ``hopper_variant`` (hopper):
+    ``"vt-smem"``, ``"v-regs"`` or ``"auto"`` (see `HOPPER_VARIANTS`, `HOPPER_LONG_STREAM`). The knobs below
+    ``hopper_variant`` belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
@@ -187,6 +188,7 @@ class KernelConfig:
     kernel: str = "auto"
     hopper_stages: int = 3
     pdl: bool = True
+    hopper_variant: str = "auto"
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -202,7 +204,7 @@ class KernelConfig:
 def hopper_import_error() -> str | None:
     """Why the Gluon Hopper kernel module cannot be imported here (None when it can)."""
     try:
-        from . import gluon_hopper  # noqa: F401
+        from . import gluon_hopper, gluon_hopper_vreg  # noqa: F401
     except Exception as e:  # a Triton without Gluon's Hopper API, or no Triton at all
         return f"triton.experimental.gluon (Hopper) is unavailable: {type(e).__name__}: {e}"
     return None
@@ -265,6 +267,39 @@ def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info:
     return tile_indptr.to(torch.int32), rows.to(torch.int32)
 
 
+#: The two sm_90 stage-1 kernels (`KernelConfig.hopper_variant`): ``vt-smem`` = `gluon_hopper` (Vᵀ transposed
+#: through shared memory, QK and PV pipelined across tiles), ``v-regs`` = `gluon_hopper_vreg` (V straight from the
+#: K tile into the PV's register operand; no Vᵀ buffer, but PV(i-1) is waited for before QK(i)).
+HOPPER_VARIANTS = ("vt-smem", "v-regs")
+
+#: ``hopper_variant="auto"`` runs ``v-regs`` when some CTA of the plan streams at least this many 64-token tiles.
+#: H200 A/B, all else equal (data/timings/h200_2026-12-02_ab_hopper.csv): v-regs is faster from 16 tiles per CTA on
+#: (128 x 8192: 149.5 vs 164.1 us; 64 x 8192: 84.8 vs 90.1; 32 x 8192: 48.9 vs 50.3; 128 x 1024: 25.4 vs 26.7) and
+#: slower at 8 and fewer (4 x 1024: 9.2 vs 8.5; 16 x 1024: 13.1 vs 11.5), where the un-pipelined PV costs latency.
+HOPPER_LONG_STREAM = 16
+
+
+def hopper_cta_info(work_indptr: torch.Tensor, tile_indptr: torch.Tensor, tile_rows: torch.Tensor,
+                    work_info: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``(n_cu, 8)`` int32 on the CPU, one row per CTA of the Hopper kernel, read in one round trip at its start:
+    first work, end work, first tile, end tile, the KV rows of its first three tiles (0 where absent) and the q
+    row of its first work (0 if none)."""
+    wp = work_indptr.to("cpu", torch.int64)
+    tp = tile_indptr.to("cpu", torch.int64)
+    rows = tile_rows.to("cpu", torch.int64)
+    wi = work_info.to("cpu", torch.int64)
+    n_cu = wp.numel() - 1
+    info = torch.zeros((n_cu, 8), dtype=torch.int64)
+    info[:, 0], info[:, 1], info[:, 2], info[:, 3] = wp[:-1], wp[1:], tp[:-1], tp[1:]
+    for i in range(3):
+        has = tp[:-1] + i < tp[1:]
+        info[has, 4 + i] = rows[tp[:-1][has] + i]
+    has_work = wp[:-1] < wp[1:]
+    if wi.numel():
+        info[has_work, 7] = wi[wp[:-1][has_work], 2]
+    return info.to(torch.int32).contiguous()
+
+
 class TritonDecoder:
     """Stage 1 + reduce for one plan and one set of tensor shapes; `__call__` launches without host syncs.
 
@@ -296,6 +331,8 @@ class TritonDecoder:
             raise ValueError(f"d_chunk must be 0 (off), 128 or 256, got {config.d_chunk}")
         if config.d_chunk and (config.transposed or config.qk_tokens_m):
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
+        if config.hopper_variant not in ("auto", *HOPPER_VARIANTS):
+            raise ValueError(f"hopper_variant must be 'auto', 'vt-smem' or 'v-regs', got {config.hopper_variant!r}")
         if config.kernel not in ("auto", "hopper", "portable"):
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
         if not 1 <= config.hopper_stages <= 3:
@@ -315,6 +352,7 @@ class TritonDecoder:
         #: which stage-1 kernel runs ("hopper" or "portable") and, for "auto", why not hopper (None: it runs)
         self.kernel = "portable" if config.kernel == "portable" or why_not is not None else "hopper"
         self.hopper_reason = why_not
+        self.hopper_variant: str | None = None  # set below when the hopper kernel runs
         dev = prepared.q.device
         if dev.type == "cpu" and not K.INTERPRET:
             raise RuntimeError("the Triton backend needs a GPU (or TRITON_INTERPRET=1 for tiny CPU runs)")
@@ -340,12 +378,26 @@ class TritonDecoder:
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
         self.use_pdl = self.kernel == "hopper" and config.pdl and K.gdc_wait is not None
         if self.kernel == "hopper":
-            from . import gluon_hopper as G
+            t_indptr, t_rows = hopper_tiles(prepared, plan.work_indptr, self.work_info, 64)
+            most_tiles = int(t_indptr.diff().max()) if t_indptr.numel() > 1 else 0
+            #: which sm_90 kernel runs (`HOPPER_VARIANTS`); "auto" picks by the plan's longest tile stream
+            self.hopper_variant = config.hopper_variant
+            if self.hopper_variant == "auto":
+                self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM else "vt-smem"
+            if self.hopper_variant == "v-regs":
+                from . import gluon_hopper_vreg as G
+            else:
+                from . import gluon_hopper as G
 
             self.G = G
-            t_indptr, t_rows = hopper_tiles(prepared, plan.work_indptr, self.work_info, G.BLOCK_N)
             self.tile_indptr, self.tile_rows = t_indptr.to(dev), t_rows.to(dev)
+            self.cta_info = hopper_cta_info(plan.work_indptr, t_indptr, t_rows, self.work_info).to(dev)
             self._descs: dict[tuple[int, int], tuple] = {}
+
+    @property
+    def ran(self) -> str:
+        """The stage-1 kernel that runs: ``portable``, ``hopper:vt-smem`` or ``hopper:v-regs``."""
+        return self.kernel if self.hopper_variant is None else f"{self.kernel}:{self.hopper_variant}"
 
     def __call__(
         self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None
@@ -382,13 +434,16 @@ class TritonDecoder:
             descs = self.G.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads)
             self._descs[key] = descs
         p, c = self.p, self.config
-        self.G.stage1_kernel[(self.n_cu,)](
-            *descs, self.plan.work_indptr, self.work_info, self.tile_indptr, self.tile_rows,
-            self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
-            H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
-            NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
-            LAUNCH_DEPENDENTS=self.use_pdl, REPORT=False, num_warps=4,
-        )  # fmt: skip
+        kw = dict(H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
+                  NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
+                  LAUNCH_DEPENDENTS=self.use_pdl, REPORT=False, num_warps=4)  # fmt: skip
+        tail = (self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale)
+        if self.hopper_variant == "v-regs":
+            self.G.stage1_kernel[(self.n_cu,)](*descs, self.cta_info, self.work_info, self.tile_rows, *tail, **kw)
+        else:
+            self.G.stage1_kernel[(self.n_cu,)](
+                *descs, self.plan.work_indptr, self.work_info, self.tile_indptr, self.tile_rows, *tail, **kw
+            )
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
         p, c, plan = self.p, self.config, self.plan
