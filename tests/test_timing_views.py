@@ -79,15 +79,15 @@ def test_default_view_is_one_run_one_config_per_shape() -> None:
     assert not v.rows.duplicated(["backend", "precision", "batch", "kv_len"]).any()
     tri = v.rows[(v.rows["backend"] == "triton") & (v.rows["precision"] == "a8w8")]
     assert sorted(zip(tri["batch"], tri["kv_len"])) == sorted(COMPETITION_SHAPES)
-    # best of N over every file is faster somewhere (a Hopper development run at B128 x L8192), and says so
+    # best of N over every file is faster somewhere (run 5, a8w8 only, at B128 x L8192), and says so
     b = recorded_view(df, best_of_all=True)
     assert "best of" in b.label and len(b.files) == len(set(df["run"]))
     bt = b.rows[(b.rows["backend"] == "triton") & (b.rows["precision"] == "a8w8")].set_index(["batch", "kv_len"])
     assert bt.loc[(128, 8192), "us_median"] < tri.set_index(["batch", "kv_len"]).loc[(128, 8192), "us_median"]
-    assert "hopper_dev" in bt.loc[(128, 8192), "source"]
+    assert "run5" in bt.loc[(128, 8192), "source"]
     fig = bars_per_shape(df, [("triton", "a8w8")], best_of_all=True)
     assert "best of" in fig.layout.title.text and "best of" in fig.data[0].name
-    assert any("hopper_dev" in h for h in fig.data[0].hovertext)
+    assert any("run5" in h for h in fig.data[0].hovertext)
     # an older run can be picked explicitly; a run without default Triton rows gives a clear error downstream
     assert recorded_view(df, run="h200_2026-12-02_run1.csv").files == ("h200_2026-12-02_run1.csv",)
     with pytest.raises(ValueError, match="not recorded"):
@@ -193,3 +193,22 @@ def test_suite_rewrites_the_csv_after_each_shape(tmp_path: Path) -> None:
 
     recs = run_suite("smoke", backends=("reference-torch",), precisions=("bf16",), out=out, log=log, replays=3)
     assert seen and seen[0] == 1 and len(pd.read_csv(out)) == len(recs) == 2
+
+
+def test_a8w8_only_run_is_shown_by_name_with_the_kernel_that_ran() -> None:
+    """Run 5 (a8w8 + FlashMLA only) is not the default view (that needs every precision), but its rows are whole:
+    both backends on all 12 shapes, each Triton row naming which sm_90 stage 1 `hopper_variant="auto"` chose."""
+    from mlalab.splitkv.triton_mla import HOPPER_LONG_STREAM
+    from mlalab.timing import parse_config
+
+    df = load_recorded()
+    run5 = "h200_2026-12-02_run5.csv"
+    assert default_run(df) != run5
+    v = recorded_view(df, run=run5)
+    for backend in ("triton", "flashmla"):
+        r = v.rows[(v.rows["backend"] == backend) & (v.rows["precision"] == "a8w8")]
+        assert sorted(zip(r["batch"], r["kv_len"])) == sorted(COMPETITION_SHAPES)
+    tri = v.rows[v.rows["backend"] == "triton"]
+    ran = {(int(b), int(n)): parse_config(c)["ran"] for b, n, c in zip(tri["batch"], tri["kv_len"], tri["config"])}
+    # the long streams (>= HOPPER_LONG_STREAM tiles on some CTA) ran v-regs, the short ones vt-smem
+    assert ran[(128, 8192)] == "hopper:v-regs" and ran[(4, 1024)] == "hopper:vt-smem" and HOPPER_LONG_STREAM == 16

@@ -4,11 +4,11 @@ Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16), ``fp
 ``planner`` (a name from `mlalab.splitkv.PLANNERS`; default "simple", the one-wave even split), ``num_cus``
 (plan slots; default: the GPU's SM count), ``plan_block`` (the simple planner's `block`: minimum work size in
 kv_indices positions, i.e. tokens at page size 1; default 64, and `HOPPER_PLAN_BLOCK` = 128 where the Hopper
-kernel runs), ``plan`` (a ready WorkPlan), the planner's own knobs (e.g.
-``kv_granularity``, ``max_split_per_batch``), and the `KernelConfig` knobs (``block_n``, ``num_warps``,
-``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``, ``qk_tokens_m``, ``d_chunk``,
-``chunk_pv``); unset knobs take KernelConfig's defaults, the configuration tuned on the H200. Any page size works:
-the decoder turns the plan's page positions into token ranges once.
+kernel runs), ``plan`` (a ready WorkPlan), the planner's own knobs (e.g. ``kv_granularity``,
+``max_split_per_batch``), and the `KernelConfig` knobs (``kernel``, ``hopper_variant``, ``hopper_stages``, ``pdl``,
+``block_n``, ``num_warps``, ``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``,
+``qk_tokens_m``, ``d_chunk``, ``chunk_pv``); unset knobs take KernelConfig's defaults, the configuration tuned
+on the H200. Any page size works: the decoder turns the plan's page positions into token ranges once.
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ competition shapes, 89 % of the copy bandwidth at batch 128 × 8192. A CTA spend
 (data/profiles/): one warpgroup serialises QK → softmax → PV, so at small batch the per-tile chain, not bytes, sets
 the time.
 
+A sibling, `gluon_hopper_vreg`, feeds V to the PV wgmma from registers instead of a Vᵀ buffer; it is faster on long
+tile streams and `TritonDecoder` picks between the two per plan (`KernelConfig.hopper_variant`).
+
 Constraints (checked on the host, `hopper_unsupported`): a8w8, 16 heads × (512 + 64) dims, KV rows of a tile
 contiguous (page size 1 with the identity page table, or page size a multiple of 64), one q row per work (q_len 1).
 The fp8 flavour is e4m3fn (what sm_90 wgmma takes).

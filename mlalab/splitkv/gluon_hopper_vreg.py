@@ -14,7 +14,7 @@ conflict-free loads); the epilogue undoes π with a register renaming and stores
 The price: ptxas serialises every wgmma of the kernel when the PV of the previous tile is waited for with a
 partial ``wait_group`` after the next QK is issued (warning C7514), and waiting for both after the V load spills;
 so PV(i-1) is waited for before QK(i) is issued, and the tensor cores idle during each softmax. Measured on the
-H200 (data/timings/h200_2026-12-02_ab_hopper.csv, all else equal): faster than `gluon_hopper` on long tile
+H200 (data/profiles/h200_2026-12-02_ab_hopper.csv, all else equal): faster than `gluon_hopper` on long tile
 streams (128 × 8192: 149.5 vs 164.1 us, within 1 % of the copy-bandwidth floor in that run; 64 × 8192: 84.8 vs
 90.1), slower on
 short ones (4 × 1024: 9.2 vs 8.5 us). `TritonDecoder` picks by the plan (`triton_mla.HOPPER_LONG_STREAM`).

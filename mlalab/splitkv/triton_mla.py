@@ -273,7 +273,7 @@ def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info:
 HOPPER_VARIANTS = ("vt-smem", "v-regs")
 
 #: ``hopper_variant="auto"`` runs ``v-regs`` when some CTA of the plan streams at least this many 64-token tiles.
-#: H200 A/B, all else equal (data/timings/h200_2026-12-02_ab_hopper.csv): v-regs is faster from 16 tiles per CTA on
+#: H200 A/B, all else equal (data/profiles/h200_2026-12-02_ab_hopper.csv): v-regs is faster from 16 tiles per CTA on
 #: (128 x 8192: 149.5 vs 164.1 us; 64 x 8192: 84.8 vs 90.1; 32 x 8192: 48.9 vs 50.3; 128 x 1024: 25.4 vs 26.7) and
 #: slower at 8 and fewer (4 x 1024: 9.2 vs 8.5; 16 x 1024: 13.1 vs 11.5), where the un-pipelined PV costs latency.
 HOPPER_LONG_STREAM = 16
