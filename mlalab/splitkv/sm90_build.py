@@ -32,9 +32,8 @@ class BuildReport:
     registers: int
     stack_bytes: int  # local memory per thread (spills, arrays that went to memory)
     shared_bytes: int  # dynamic shared memory the kernel asks for
-    bank_conflicts: tuple[
-        int, ...
-    ]  # per V access, as `gl.bank_conflicts` counts them (vt-smem: load, store; v-regs: load)
+    #: per V access, as `gl.bank_conflicts` counts them (vt-smem: the transpose's load and store; v-regs: the load)
+    bank_conflicts: tuple[int, ...]
     sass: dict[str, int] = field(default_factory=dict)  # opcode (with the first modifiers) -> count
 
 

@@ -169,8 +169,8 @@ def token_work_info(plan: WorkPlan, kv_indptr: torch.Tensor, kv_last_page_len: t
 class KernelConfig:
     """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`).
 
-    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernels (`gluon_hopper`, `gluon_hopper_vreg`: fp8 wgmma, TMA ring of ``hopper_stages``
-    64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
+    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernels (`gluon_hopper`, `gluon_hopper_vreg`: fp8 wgmma, TMA ring
+    of ``hopper_stages`` 64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
     (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
     else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
     overlaps stage 1 and it starts the moment stage 1's writes are visible. ``hopper_variant`` (hopper):
@@ -378,20 +378,18 @@ class TritonDecoder:
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
         self.use_pdl = self.kernel == "hopper" and config.pdl and K.gdc_wait is not None
         if self.kernel == "hopper":
-            t_indptr, t_rows = hopper_tiles(prepared, plan.work_indptr, self.work_info, 64)
+            from . import gluon_hopper, gluon_hopper_vreg
+
+            t_indptr, t_rows = hopper_tiles(prepared, plan.work_indptr, self.work_info, gluon_hopper.BLOCK_N)
             most_tiles = int(t_indptr.diff().max()) if t_indptr.numel() > 1 else 0
             #: which sm_90 kernel runs (`HOPPER_VARIANTS`); "auto" picks by the plan's longest tile stream
             self.hopper_variant = config.hopper_variant
             if self.hopper_variant == "auto":
                 self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM else "vt-smem"
-            if self.hopper_variant == "v-regs":
-                from . import gluon_hopper_vreg as G
-            else:
-                from . import gluon_hopper as G
-
-            self.G = G
+            self.G = gluon_hopper_vreg if self.hopper_variant == "v-regs" else gluon_hopper
             self.tile_indptr, self.tile_rows = t_indptr.to(dev), t_rows.to(dev)
-            self.cta_info = hopper_cta_info(plan.work_indptr, t_indptr, t_rows, self.work_info).to(dev)
+            if self.hopper_variant == "v-regs":  # its per-CTA header (vt-smem reads work_indptr / tile_indptr)
+                self.cta_info = hopper_cta_info(plan.work_indptr, t_indptr, t_rows, self.work_info).to(dev)
             self._descs: dict[tuple[int, int], tuple] = {}
 
     @property
