@@ -1,14 +1,25 @@
-"""Where one Hopper decode call's time goes (GPU only): the whole call, stage 1 alone, the reduce alone, and one /
-two empty kernels (the launch floor of a graph node), each timed like `python -m mlalab bench` (CUDA-graph
-replays of 20 calls, KV copies rotated past the L2). Prints one table; ``--out`` also writes it as CSV.
+"""Where one Hopper decode call's time goes (GPU only), per shape, in one process beside FlashMLA fp8:
 
-    python scripts/profile_hopper.py --shapes 4x1024,128x8192 --plan-blocks 64,128
+* µs per call (CUDA-graph replays of 20 calls over KV copies rotated past the L2, like `python -m mlalab bench`)
+  of FlashMLA fp8, our whole call, stage 1 alone and the reduce alone, and one / two empty kernels (the launch
+  floor of a graph node);
+* stage 1's per-CTA timeline (`TritonDecoder.stage1_timeline`): launch skew, the plan header's round trip, the
+  first tile's arrival, the per-tile interval, the epilogue and the spread of the CTAs' ends;
+* with ``--reduce-before FILE`` (a module with an older ``reduce_kernel``), that reduce too, for an A/B.
+
+    python scripts/profile_hopper.py --out-dir /tmp/prof            # the 12 competition shapes, default config
+    python scripts/profile_hopper.py --shapes 4x1024,128x8192 --knobs '{"hopper_variant": "v-regs"}'
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import importlib.util
+import json
 import math
+import os
+import types
 
 import torch
 import triton
@@ -16,7 +27,9 @@ import triton
 from mlalab.backends.triton import make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs
-from mlalab.timing import L2_BYTES, time_callable
+from mlalab.timing import L2_BYTES, copy_bandwidth, time_callable
+
+SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
 
 @triton.jit
@@ -25,20 +38,26 @@ def _empty_kernel(x_ptr):
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
-    out = []
-    for part in text.split(","):
-        b, _, L = part.partition("x")
-        out.append((int(b), int(L)))
-    return out
+    return [(int(b), int(n)) for b, _, n in (p.partition("x") for p in text.split(","))]
+
+
+def _load_reduce(path: str) -> object:
+    spec = importlib.util.spec_from_file_location("reduce_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.reduce_kernel
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", type=_shapes, default=_shapes("4x1024,4x8192,16x1024,32x1024,64x1024,128x8192"))
-    ap.add_argument("--plan-blocks", default="64,128,256")
-    ap.add_argument("--stages", type=int, default=3)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", type=_shapes, default=SHAPES)
+    ap.add_argument("--knobs", default="{}", help="KernelConfig fields as JSON (default: the defaults)")
+    ap.add_argument("--reduce-before", default=None)
+    ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--out-dir", default=None, help="writes profile.csv and timeline_events.csv there")
     a = ap.parse_args()
+    knobs = json.loads(a.knobs)
+    old_reduce = _load_reduce(a.reduce_before) if a.reduce_before else None
     dummy = torch.zeros(1, device="cuda")
     empty1 = time_callable(lambda i: _empty_kernel[(132,)](dummy), 1)["us_median"]
 
@@ -47,33 +66,58 @@ def main() -> None:
         _empty_kernel[(132,)](dummy)
 
     empty2 = time_callable(two, 1)["us_median"]
-    print(f"empty kernel: {empty1:.2f} us per graph node; two in a row: {empty2:.2f} us")
-    rows = []
+    bw = copy_bandwidth()
+    print(f"empty kernel: {empty1:.2f} us per graph node, two in a row {empty2:.2f} us; copy {bw:.3f} TB/s", flush=True)
+    rows, events = [], []
     for B, L in a.shapes:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
         kv_bytes = B * L * MLA.qk_dim
         n = int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
-        for blk in (int(v) for v in a.plan_blocks.split(",")):
-            call, info = make_callable(x, precision="a8w8", n_copies=1, kernel="hopper", hopper_stages=a.stages,
-                                       plan_block=blk)  # fmt: skip
-            dec, plan = info["decoder"], info["plan"]
-            copies = [dec.p.kv] + [dec.p.kv.clone() for _ in range(n - 1)]
-            full = time_callable(lambda i: dec(kv=copies[i % n]), n)["us_median"]  # noqa: B023
-            st1 = time_callable(lambda i: dec._stage1_hopper(dec.p.q, copies[i % n]), n)["us_median"]  # noqa: B023
-            red = time_callable(lambda i: dec._reduce(), 1)["us_median"]  # noqa: B023
-            tiles = (dec.tile_indptr[1:] - dec.tile_indptr[:-1]).cpu()
-            s = plan.summary()
-            row = dict(B=B, L=L, plan_block=blk, works=int(plan.work_info.shape[0]), split=s["split_requests"],
-                       partial_rows=plan.n_partial_rows, max_tiles_per_cta=int(tiles.max()),
-                       full_us=round(full, 2), stage1_us=round(st1, 2), reduce_us=round(red, 2))  # fmt: skip
-            rows.append(row)
-            print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+        row: dict[str, object] = {"B": B, "L": L}
+        if not a.no_flashmla:
+            from mlalab.backends import get_backend
+
+            fcall, _ = get_backend("flashmla").make_callable(x, precision="a8w8", n_copies=n)
+            row["flashmla_us"] = round(time_callable(fcall, n)["us_median"], 2)
+        call, info = make_callable(x, precision="a8w8", n_copies=n, kernel="hopper", **knobs)
+        dec, plan = info["decoder"], info["plan"]
+        copies = [dec.p.kv] + [dec.p.kv.clone() for _ in range(n - 1)]
+        row["ran"] = dec.ran
+        row["full_us"] = round(time_callable(lambda i: dec(kv=copies[i % n]), n)["us_median"], 2)  # noqa: B023
+        st1 = time_callable(lambda i: dec._stage1_hopper(dec.p.q, copies[i % n]), n)["us_median"]  # noqa: B023
+        row["stage1_us"] = round(st1, 2)
+        row["reduce_us"] = round(time_callable(lambda i: dec._reduce(), 1)["us_median"], 2)  # noqa: B023
+        if old_reduce is not None:
+            new_k = dec.K
+            dec.K = types.SimpleNamespace(reduce_kernel=old_reduce)
+            row["full_old_reduce_us"] = round(time_callable(lambda i: dec(kv=copies[i % n]), n)["us_median"], 2)  # noqa: B023
+            row["reduce_old_us"] = round(time_callable(lambda i: dec._reduce(), 1)["us_median"], 2)  # noqa: B023
+            dec.K = new_k
+        tiles = dec.tile_indptr.diff().cpu()
+        row.update(works=int(plan.work_info.shape[0]), partial_rows=plan.n_partial_rows,
+                   max_tiles_per_cta=int(tiles.max()))  # fmt: skip
+        for _ in range(3):  # the last of three launches (the first may include the stamping kernel's compile)
+            tl = dec.stage1_timeline(kv=copies[1 % n])
+        row.update({k: round(v, 1) for k, v in tl.summary().items()})
+        row["clock_ghz"] = round(tl.clock_ghz, 3)
+        events += [{"B": B, "L": L, **e} for e in tl.events()]
+        rows.append(row)
+        print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
         del x
         torch.cuda.empty_cache()
-    if a.out:
-        import pandas as pd
-
-        pd.DataFrame(rows).to_csv(a.out, index=False)
+    if a.out_dir:
+        os.makedirs(a.out_dir, exist_ok=True)
+        for name, data in (("profile.csv", rows), ("timeline_events.csv", events)):
+            keys = list(dict.fromkeys(k for r in data for k in r))
+            with open(os.path.join(a.out_dir, name), "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=keys)
+                w.writeheader()
+                w.writerows(data)
+    if rows and "flashmla_us" in rows[0]:
+        for col in ("full_us", "full_old_reduce_us"):
+            if col in rows[0]:
+                g = math.exp(sum(math.log(r[col] / r["flashmla_us"]) for r in rows) / len(rows))
+                print(f"geomean {col} / flashmla: {g:.3f}")
 
 
 if __name__ == "__main__":

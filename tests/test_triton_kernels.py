@@ -337,3 +337,66 @@ def test_gpu_production_mode_within_5pct_of_quantisation_error(precision: str, t
     err = _rel(out, exact)
     assert err <= 1.05 * quant_err + 1e-3 * (Precision.parse(precision) is Precision.BF16)
     assert _rel(out, emul) <= (1e-2 if precision == "a8w8" else 4e-3)
+
+
+_REDUCE = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    from mlalab.splitkv import triton_decode as K
+    torch.manual_seed(0)
+    H, DV = 16, 512
+    # tile 0: q rows [0, 2) with 40 partials (two blocks of 32; row 0's partial 5 and every partial of row 1's
+    # first 3 empty); tile 1: q row 2 with 3 partials, all empty (output 0, LSE -inf)
+    counts, rows = [40, 3], [2, 1]
+    part_first, prow, p = [], 0, 0
+    for c, r in zip(counts, rows):
+        for _ in range(c):
+            part_first.append(prow)
+            prow += r
+    P = prow
+    part_o = torch.randn(P, H, DV) * 3
+    part_lse = torch.randn(P, H) * 4
+    part_lse[5] = float("-inf")
+    for i in range(3):
+        part_lse[part_first[i] + 1] = float("-inf")
+    part_lse[part_first[40]:] = float("-inf")
+    indptr = torch.tensor([0, 40, 43], dtype=torch.int32)
+    final_map = torch.tensor([0, 2, 2, 3], dtype=torch.int32)
+    pmap = torch.tensor(part_first, dtype=torch.int32)
+    split = torch.tensor([0, 1], dtype=torch.int32)
+    out = torch.full((3, H, DV), 7.0)
+    lse = torch.full((3, H), 7.0)
+    K.reduce_kernel[(2, H, DV // 128)](part_o, part_lse, indptr, final_map, pmap, split, out, lse,
+                                       out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_DV=128, BLOCK_P=32,
+                                       USE_PDL=False, num_warps=1)
+    ref_o, ref_l = torch.zeros(3, H, DV, dtype=torch.float64), torch.full((3, H), float("-inf"), dtype=torch.float64)
+    for t, (c, r) in enumerate(zip(counts, rows)):
+        first = torch.tensor(part_first[int(indptr[t]):int(indptr[t + 1])])
+        for u in range(r):
+            q = int(final_map[2 * t]) + u
+            L = part_lse[first + u].double()
+            tot = torch.logsumexp(L, 0)
+            if torch.isfinite(tot).all():
+                w = torch.exp(L - tot)
+                ref_o[q] = (w[:, :, None] * part_o[first + u].double()).sum(0)
+                ref_l[q] = tot
+    e = float((out[:2].double() - ref_o[:2]).norm() / ref_o[:2].norm())
+    assert torch.equal(out[2], torch.zeros(H, DV)), "all-empty tile must give 0"
+    assert torch.isinf(lse[2]).all() and (lse[2] < 0).all()
+    assert torch.allclose(lse[:2].double(), ref_l[:2], atol=1e-5, rtol=0), (lse[:2] - ref_l[:2]).abs().max()
+    print("ERR", e)
+    """
+)
+
+
+def test_interpreter_reduce_many_partials_and_empty_ones() -> None:
+    """The reduce alone: >32 partials (two block loads merged online), -inf partials, a 2-row tile, an all-empty
+    tile; vs a float64 logsumexp merge."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run(
+        [sys.executable, "-c", _REDUCE.format(root=ROOT)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    err = float(r.stdout.strip().splitlines()[-1].split()[1])
+    assert err <= 1e-6, r.stdout

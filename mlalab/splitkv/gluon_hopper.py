@@ -72,6 +72,24 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 #: tokens per tile: the M of the score wgmma (one warpgroup covers 64 rows) and the K of the value wgmma.
 BLOCK_N = 64
 
+#: The optional per-CTA timeline (``TIMELINE=True``, `triton_mla.TritonDecoder.stage1_timeline`): one int64 row per
+#: CTA. Columns: 0/1 global timer (ns) at start / end, 2/3 SM clock at start / end, 4 SM clock once the first
+#: TMAs are in flight, then `TIMELINE_MAX` columns of the SM clock when tile ``it`` has arrived (``8 + it``) and
+#: `TIMELINE_MAX` of the SM clock once work ``j``'s output stores are issued (``8 + TIMELINE_MAX + j``).
+TIMELINE_MAX = gl.constexpr(256)
+TIMELINE_COLS = gl.constexpr(8 + 2 * 256)
+
+
+@gluon.jit
+def _stamp(TL, col, GLOBAL: gl.constexpr = False):
+    """Write the SM's cycle counter (or, with `GLOBAL`, the GPU's nanosecond timer) to ``TL[col]``."""
+    if GLOBAL:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    else:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    gl.store(TL + col, t)
+
+
 #: Registers of a CTA while it transposes V: each thread holds a 16-token × 16-dim block, so both the loads
 #: (16 dims of one token, from the 128-byte-swizzled K tile) and the stores (16 tokens of one value row, into the
 #: 64-byte-swizzled Vᵀ) are 16-byte vectors. With the row order π below, both are free of bank conflicts
@@ -187,8 +205,10 @@ def _stage1_kernel(
     OUT, OUT_LSE, PART_O, PART_LSE,
     Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales
     sm_scale,
+    TIMELINE_BUF,  # (n_cu, TIMELINE_COLS) int64 when TIMELINE, else any tensor (unused)
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
+    TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (gluon_hopper.TIMELINE_COLS)
     REPORT: gl.constexpr,  # print the V-transpose bank-conflict counts while compiling (sm90_build)
     num_warps: gl.constexpr,
 ):  # fmt: skip
@@ -198,6 +218,10 @@ def _stage1_kernel(
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)  # fmt: skip
+    tl_row = TIMELINE_BUF + gl.program_id(0) * TIMELINE_COLS
+    if TIMELINE:
+        _stamp(tl_row, 0, GLOBAL=True)
+        _stamp(tl_row, 2)
     pid = gl.program_id(0)
     w_begin = gl.load(WORK_INDPTR + pid)
     w_end = gl.load(WORK_INDPTR + pid + 1)
@@ -228,6 +252,8 @@ def _stage1_kernel(
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, i, n_tiles, NUM_STAGES)
     if w_begin < w_end:
         _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w_begin, 0, H)
+    if TIMELINE:
+        _stamp(tl_row, 4)
 
     # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
     qk_scale = sm_scale * gl.load(Q_SCALE) * gl.load(KV_SCALE) * 1.4426950408889634
@@ -256,6 +282,9 @@ def _stage1_kernel(
         for start in range(kv_start, kv_end, BLOCK_N):
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
+            if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
+                if it < TIMELINE_MAX:
+                    _stamp(tl_row, 8 + it)
             kn = kn_smem.index(s)
             # QK on the tensor cores, asynchronously ...
             s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
@@ -288,7 +317,13 @@ def _stage1_kernel(
         o = warpgroup_mma_wait(0, deps=(o_acc,))
         _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, qo_end,
                     H, NQ, D_NOPE)  # fmt: skip
+        if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
+            if j < TIMELINE_MAX:
+                _stamp(tl_row, 8 + TIMELINE_MAX + j)
 
+    if TIMELINE:
+        _stamp(tl_row, 3)
+        _stamp(tl_row, 1, GLOBAL=True)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
     for i in gl.static_range(2):

@@ -35,7 +35,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_hopper import BLOCK_N, TensorDescriptor, _cta_barrier, _tma_load, make_descriptors
+from .gluon_hopper import (
+    BLOCK_N,
+    TIMELINE_COLS,
+    TIMELINE_MAX,
+    TensorDescriptor,
+    _cta_barrier,
+    _stamp,
+    _tma_load,
+    make_descriptors,
+)
 
 __all__ = ["BLOCK_N", "stage1_kernel", "make_descriptors", "TensorDescriptor"]
 
@@ -146,8 +155,10 @@ def _stage1_kernel(
     OUT, OUT_LSE, PART_O, PART_LSE,
     Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales
     sm_scale,
+    TIMELINE_BUF,  # (n_cu, TIMELINE_COLS) int64 when TIMELINE, else any tensor (unused)
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
+    TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (gluon_hopper.TIMELINE_COLS)
     REPORT: gl.constexpr,  # print the V-load bank-conflict count while compiling (sm90_build)
     num_warps: gl.constexpr,
 ):  # fmt: skip
@@ -159,6 +170,10 @@ def _stage1_kernel(
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)  # fmt: skip
+    tl_row = TIMELINE_BUF + gl.program_id(0) * TIMELINE_COLS
+    if TIMELINE:
+        _stamp(tl_row, 0, GLOBAL=True)
+        _stamp(tl_row, 2)
     # One round trip of scalar loads, then every first TMA is in flight.
     head = CTA_INFO + gl.program_id(0) * 8
     w_begin = gl.load(head)
@@ -192,6 +207,8 @@ def _stage1_kernel(
         _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, gl.load(head + 7), 0, H)
     # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
     row_pf = gl.load(TILE_ROWS + t_begin + NUM_STAGES, mask=n_tiles > NUM_STAGES, other=0)
+    if TIMELINE:
+        _stamp(tl_row, 4)
 
     # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
     qk_scale = sm_scale * gl.load(Q_SCALE) * gl.load(KV_SCALE) * 1.4426950408889634
@@ -220,6 +237,9 @@ def _stage1_kernel(
             row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
+            if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
+                if it < TIMELINE_MAX:
+                    _stamp(tl_row, 8 + it)
             kn = kn_smem.index(s)
             # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and
             # its P buffer are free. (Waiting for it only after issuing QK, with a partial wait_group, makes ptxas
@@ -253,7 +273,13 @@ def _stage1_kernel(
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
         _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, H, NQ, D_NOPE)
+        if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
+            if j < TIMELINE_MAX:
+                _stamp(tl_row, 8 + TIMELINE_MAX + j)
 
+    if TIMELINE:
+        _stamp(tl_row, 3)
+        _stamp(tl_row, 1, GLOBAL=True)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
     for i in gl.static_range(2):

@@ -78,9 +78,11 @@ def _tool(name: str) -> str:
     return path
 
 
-def compile_hopper(stages: int = 3, *, mask_tail: bool = False, variant: str = "vt-smem") -> BuildReport:
+def compile_hopper(
+    stages: int = 3, *, mask_tail: bool = False, variant: str = "vt-smem", timeline: bool = False
+) -> BuildReport:
     """Compile the sm_90 stage 1 of `variant` (``vt-smem``: `gluon_hopper`, ``v-regs``: `gluon_hopper_vreg`) for
-    sm_90 with `stages` ring buffers; see the module docstring."""
+    sm_90 with `stages` ring buffers (``timeline``: with its per-CTA time stamps); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -106,8 +108,9 @@ def compile_hopper(stages: int = 3, *, mask_tail: bool = False, variant: str = "
                 i32(132 * 8), i32(8 * 8), i32(64))  # fmt: skip
             ck = G.stage1_kernel.warmup(
                 *G.make_descriptors(q, kv, 16), *plan_args, out, lse, po, pl, one,
-                one, 0.04, H=16, NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages,
-                MASK_TAIL=mask_tail, LAUNCH_DEPENDENTS=True, REPORT=True, num_warps=4, grid=(1,),
+                one, 0.04, torch.zeros(1, gluon_hopper.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
+                D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
+                LAUNCH_DEPENDENTS=True, TIMELINE=timeline, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

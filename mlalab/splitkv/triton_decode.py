@@ -462,44 +462,49 @@ def _reduce_kernel(
     # (tile, head, value slice) is its own program, and it reads BLOCK_P partials' slices in ONE block load
     # (their latencies overlap; the sum over partials stays inside each thread's registers). Tiles with one partial
     # (stage 1 wrote their output) get no program at all: the host lists the split ones once per plan.
-    if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
-        gdc_wait()
+    # Everything that comes from the plan (not from stage 1) is loaded BEFORE the PDL wait, so after it only one
+    # round trip remains: each block's LSEs and partial outputs are loaded together and merged online.
     t = tl.load(SPLIT_TILES + tl.program_id(0))
     h = tl.program_id(1)
     pid_d = tl.program_id(2)
     s = tl.load(REDUCE_INDPTR + t)
     n = tl.load(REDUCE_INDPTR + t + 1) - s
-    if n > 1:  # a guard only: the host lists split tiles (one partial: stage 1 wrote the output, as in aiter)
-        q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
-        q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
-        offs_p = tl.arange(0, BLOCK_P)
-        offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
-        for r in range(q_start, q_end):
-            u = r - q_start
-            # Pass 1: the largest LSE, so the weights exp(L_i - M) are <= 1 (no overflow).
-            mv = tl.full([BLOCK_P], float("-inf"), tl.float32)
-            for p0 in range(0, n, BLOCK_P):
-                pm = p0 + offs_p < n
-                prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
-                mv = tl.maximum(mv, tl.load(PART_LSE + prow * H + h, mask=pm, other=float("-inf")))
-            m = tl.max(mv, 0)
-            m_safe = tl.where(m == float("-inf"), 0.0, m)
-            # Pass 2: the weighted sum of the fp32 partial outputs.
-            acc = tl.zeros([BLOCK_DV], tl.float32)
-            wv = tl.zeros([BLOCK_P], tl.float32)
-            for p0 in range(0, n, BLOCK_P):
-                pm = p0 + offs_p < n
-                prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
-                lp = tl.load(PART_LSE + prow * H + h, mask=pm, other=float("-inf"))
-                wgt = tl.where(pm, tl.exp(lp - m_safe), 0.0)
-                o_p = tl.load(PART_O + prow[:, None] * (H * DV) + h * DV + offs_d[None, :], mask=pm[:, None], other=0.0)
-                acc += tl.sum(wgt[:, None] * o_p, 0)
-                wv += wgt
-            wsum = tl.sum(wv, 0)
-            w_safe = tl.where(wsum > 0.0, wsum, 1.0)
-            tl.store(OUT + r * stride_ot + h * stride_oh + offs_d, (acc / w_safe).to(OUT.dtype.element_ty))
-            if pid_d == 0:
-                tl.store(OUT_LSE + r * H + h, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
+    q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
+    q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    pm0 = offs_p < n
+    prow0 = tl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm0, other=0)  # first block's partial rows (q row 0)
+    if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
+        gdc_wait()
+    for r in range(q_start, q_end):
+        u = r - q_start
+        m, acc, wsum = _merge_block(PART_O, PART_LSE, (prow0 + u).to(tl.int64), pm0, h, offs_d,
+                                    float("-inf"), tl.zeros([BLOCK_DV], tl.float32), 0.0, H, DV)  # fmt: skip
+        for p0 in range(BLOCK_P, n, BLOCK_P):  # more than BLOCK_P partials: further blocks, same online merge
+            pm = p0 + offs_p < n
+            prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
+            m, acc, wsum = _merge_block(PART_O, PART_LSE, prow, pm, h, offs_d, m, acc, wsum, H, DV)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        w_safe = tl.where(wsum > 0.0, wsum, 1.0)
+        tl.store(OUT + r * stride_ot + h * stride_oh + offs_d, (acc / w_safe).to(OUT.dtype.element_ty))
+        if pid_d == 0:
+            tl.store(OUT_LSE + r * H + h, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
+
+
+@triton.jit
+def _merge_block(PART_O, PART_LSE, prow, pm, h, offs_d, m, acc, wsum, H: tl.constexpr, DV: tl.constexpr):
+    """Fold one block of partials (rows `prow`, valid where `pm`) into the running (max LSE m, Σ w·o, Σ w), with
+    the weights exp(L_i - m) <= 1 (no overflow). An all -inf state (only empty partials) stays exactly 0."""
+    lp = tl.load(PART_LSE + prow * H + h, mask=pm, other=float("-inf"))
+    o_p = tl.load(PART_O + prow[:, None] * (H * DV) + h * DV + offs_d[None, :], mask=pm[:, None], other=0.0)
+    m_new = tl.maximum(m, tl.max(lp, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    corr = tl.exp(m - m_safe)  # 0 while m is -inf
+    wgt = tl.where(pm, tl.exp(lp - m_safe), 0.0)
+    acc = acc * corr + tl.sum(wgt[:, None] * o_p, 0)
+    wsum = wsum * corr + tl.sum(wgt, 0)
+    return m_new, acc, wsum
 
 
 stage1_kernel = _stage1_kernel

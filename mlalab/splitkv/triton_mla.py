@@ -29,6 +29,7 @@ from ..quant import fp8_dtype, quantize_fp8_per_tensor
 from ..reference import decode_reference
 from .plan import WorkPlan
 from .planners import make_plan
+from .timeline import CtaTimeline, measure_clock_ghz, timeline_from_stamps
 
 __all__ = [
     "Precision",
@@ -421,7 +422,26 @@ class TritonDecoder:
                 H=H, DV=DV, BLOCK_DV=128, BLOCK_P=self.reduce_block_p, USE_PDL=self.use_pdl, num_warps=1, **pdl,
             )  # fmt: skip
 
-    def _stage1_hopper(self, q: torch.Tensor, kv: torch.Tensor) -> None:
+    def stage1_timeline(self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None) -> CtaTimeline:
+        """Run stage 1 once with per-CTA time stamps and return when each CTA did what (`timeline.CtaTimeline`).
+
+        GPU and the sm_90 kernels only. Run the decoder a few times first: the first launch compiles. The reduce is
+        not run (the timeline is stage 1's), so `out` holds only the unsplit requests afterwards."""
+        if self.kernel != "hopper":
+            raise ValueError(f"the timeline is stamped by the sm_90 kernels only; this decoder runs {self.ran!r}"
+                             + (f" ({self.hopper_reason})" if self.hopper_reason else ""))  # fmt: skip
+        from . import gluon_hopper
+
+        cols, most = gluon_hopper.TIMELINE_COLS.value, gluon_hopper.TIMELINE_MAX.value
+        buf = torch.zeros((self.n_cu, cols), dtype=torch.int64, device=self.out.device)
+        self._stage1_hopper(self.p.q if q is None else q, self.p.kv if kv is None else kv, timeline=buf)
+        ghz = measure_clock_ghz(self.out.device)  # also waits for the stage 1 above (same stream)
+        return timeline_from_stamps(
+            buf.cpu().numpy(), self.tile_indptr.diff().cpu().numpy(), self.plan.work_indptr.diff().cpu().numpy(),
+            clock_ghz=ghz, kernel=self.ran, max_events=most,
+        )  # fmt: skip
+
+    def _stage1_hopper(self, q: torch.Tensor, kv: torch.Tensor, timeline: torch.Tensor | None = None) -> None:
         if (q.dtype, q.shape, kv.dtype, kv.shape) != (self.p.q.dtype, self.p.q.shape, self.p.kv.dtype, self.p.kv.shape):
             raise ValueError("q / kv must have the prepared tensors' dtype and shape (TMA descriptors are cached)")
         if not (q.is_contiguous() and kv.is_contiguous()):
@@ -434,8 +454,9 @@ class TritonDecoder:
         p, c = self.p, self.config
         kw = dict(H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
                   NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
-                  LAUNCH_DEPENDENTS=self.use_pdl, REPORT=False, num_warps=4)  # fmt: skip
-        tail = (self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale)
+                  LAUNCH_DEPENDENTS=self.use_pdl, TIMELINE=timeline is not None, REPORT=False, num_warps=4)  # fmt: skip
+        stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
+        tail = (self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale, stamps)
         if self.hopper_variant == "v-regs":
             self.G.stage1_kernel[(self.n_cu,)](*descs, self.cta_info, self.work_info, self.tile_rows, *tail, **kw)
         else:

@@ -1,0 +1,137 @@
+"""What each CTA of the persistent sm_90 stage 1 did, and when: a measured Gantt chart of a `WorkPlan` on the GPU.
+
+The Hopper kernels (`gluon_hopper`, `gluon_hopper_vreg`) stamp, when compiled with ``TIMELINE=True``, the GPU's
+nanosecond timer at each CTA's start and end, and the SM's cycle counter at the start, once the first TMAs are in
+flight, when each KV tile has arrived, and once each work's output is stored (`gluon_hopper.TIMELINE_COLS`).
+`timeline_from_stamps` turns that table into times in nanoseconds from the first CTA's start: the cycle counts
+are converted with the SM clock measured by `measure_clock_ghz` (a spin kernel reading both counters over 200 µs),
+because the global timer alone is too coarse for sub-microsecond events on some GPUs.
+
+Get one with `TritonDecoder.stage1_timeline()` (GPU only); `CtaTimeline.summary()` answers "where does the time
+go" (launch skew, time to the first tile, per-tile interval, epilogue, tail) and `CtaTimeline.events()` is the
+long table that `mlalab.plots` draws. Stamping costs a few stores per tile, so the timed numbers of
+`mlalab.timing` are taken without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["CtaTimeline", "timeline_from_stamps", "measure_clock_ghz"]
+
+
+@dataclass(frozen=True)
+class CtaTimeline:
+    """One stage-1 launch: per CTA, times in ns from the earliest CTA start (``start_ns.min() == 0``)."""
+
+    kernel: str  # which stage 1 ran (`TritonDecoder.ran`)
+    clock_ghz: float  # the SM clock used to convert cycle stamps
+    start_ns: np.ndarray  # (n_cu,)
+    end_ns: np.ndarray  # (n_cu,) after the last output store was issued
+    issued_ns: np.ndarray  # (n_cu,) the first TMAs in flight (after the plan header's round trip)
+    tile_ready_ns: tuple[np.ndarray, ...]  # per CTA: when each of its tiles had arrived in shared memory
+    work_done_ns: tuple[np.ndarray, ...]  # per CTA: when each of its works' outputs were stored
+
+    @property
+    def n_cu(self) -> int:
+        return int(self.start_ns.shape[0])
+
+    def summary(self) -> dict[str, float]:
+        """Medians over the CTAs that had work (ns): where one launch's time goes."""
+        busy = [c for c in range(self.n_cu) if len(self.tile_ready_ns[c])]
+        if not busy:
+            raise ValueError("no CTA streamed a tile: nothing to summarise")
+        first = np.array([self.tile_ready_ns[c][0] - self.start_ns[c] for c in busy])
+        gaps = np.concatenate([np.diff(self.tile_ready_ns[c]) for c in busy])
+        last_tile_to_end = np.array([self.end_ns[c] - self.tile_ready_ns[c][-1] for c in busy])
+        return {
+            "ctas_busy": float(len(busy)),
+            "span_ns": float(self.end_ns.max() - self.start_ns.min()),
+            "start_skew_ns": float(self.start_ns[busy].max() - self.start_ns[busy].min()),
+            "header_ns": float(np.median(self.issued_ns[busy] - self.start_ns[busy])),
+            "first_tile_ns": float(np.median(first)),
+            "tile_interval_ns": float(np.median(gaps)) if gaps.size else float("nan"),
+            "last_tile_to_end_ns": float(np.median(last_tile_to_end)),
+            "end_spread_ns": float(self.end_ns[busy].max() - self.end_ns[busy].min()),
+        }
+
+    def events(self) -> list[dict[str, float | int | str]]:
+        """One row per event: ``cta``, ``event`` (start, issued, tile, work_done, end), ``index``, ``t_ns``."""
+        rows: list[dict[str, float | int | str]] = []
+        for c in range(self.n_cu):
+            rows.append({"cta": c, "event": "start", "index": 0, "t_ns": float(self.start_ns[c])})
+            rows.append({"cta": c, "event": "issued", "index": 0, "t_ns": float(self.issued_ns[c])})
+            for event, times in (("tile", self.tile_ready_ns[c]), ("work_done", self.work_done_ns[c])):
+                rows += [{"cta": c, "event": event, "index": i, "t_ns": float(t)} for i, t in enumerate(times)]
+            rows.append({"cta": c, "event": "end", "index": 0, "t_ns": float(self.end_ns[c])})
+        return rows
+
+
+def timeline_from_stamps(
+    stamps: np.ndarray, tiles_per_cta: np.ndarray, works_per_cta: np.ndarray, *, clock_ghz: float, kernel: str,
+    max_events: int,
+) -> CtaTimeline:  # fmt: skip
+    """Convert the kernel's stamp table (n_cu, 8 + 2·max_events) int64 into a `CtaTimeline` (see the module doc).
+
+    CTAs with more than `max_events` tiles or works keep their first `max_events` (the kernel stamps no more)."""
+    stamps = np.asarray(stamps, dtype=np.int64)
+    n_cu = int(stamps.shape[0]) if stamps.ndim == 2 else -1
+    if stamps.ndim != 2 or stamps.shape[1] != 8 + 2 * max_events:
+        raise ValueError(f"stamps must be (n_cu, {8 + 2 * max_events}) int64, got shape {tuple(stamps.shape)}")
+    tiles_per_cta, works_per_cta = np.asarray(tiles_per_cta), np.asarray(works_per_cta)
+    if tiles_per_cta.shape != (n_cu,) or works_per_cta.shape != (n_cu,):
+        raise ValueError(f"tiles_per_cta and works_per_cta must have shape ({n_cu},)")
+    if not np.isfinite(clock_ghz) or clock_ghz <= 0:
+        raise ValueError(f"clock_ghz must be a positive number, got {clock_ghz}")
+    if (stamps[:, 1] < stamps[:, 0]).any() or (stamps[:, 3] < stamps[:, 2]).any():
+        raise ValueError("a CTA ended before it started: the stamp table was not written by one complete launch")
+    t0 = int(stamps[:, 0].min())
+    start = (stamps[:, 0] - t0).astype(np.float64)
+
+    def at(c: int, cycles: np.ndarray) -> np.ndarray:  # SM cycle stamps of CTA c -> ns from t0
+        return start[c] + (cycles.astype(np.float64) - float(stamps[c, 2])) / clock_ghz
+
+    tiles, works = [], []
+    for c in range(n_cu):
+        nt, nw = min(int(tiles_per_cta[c]), max_events), min(int(works_per_cta[c]), max_events)
+        tiles.append(at(c, stamps[c, 8 : 8 + nt]))
+        works.append(at(c, stamps[c, 8 + max_events : 8 + max_events + nw]))
+    return CtaTimeline(
+        kernel=kernel,
+        clock_ghz=float(clock_ghz),
+        start_ns=start,
+        end_ns=np.array([at(c, stamps[c, 3:4])[0] for c in range(n_cu)]),
+        issued_ns=np.array([at(c, stamps[c, 4:5])[0] for c in range(n_cu)]),
+        tile_ready_ns=tuple(tiles),
+        work_done_ns=tuple(works),
+    )
+
+
+def measure_clock_ghz(device: torch.device | str = "cuda", spin_ns: int = 200_000) -> float:
+    """The SM clock in GHz: one CTA spins `spin_ns` of global time and counts its cycles (GPU only)."""
+    import triton
+    import triton.language as tl
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_clock_ghz needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if spin_ns < 10_000:
+        raise ValueError(f"spin_ns must be >= 10000 (the global timer may tick in microseconds), got {spin_ns}")
+
+    @triton.jit
+    def _spin(OUT, SPIN_NS: tl.constexpr):
+        g0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        c0 = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        g = g0
+        while g - g0 < SPIN_NS:
+            g = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        c = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(OUT, g - g0)
+        tl.store(OUT + 1, c - c0)
+
+    out = torch.zeros(2, dtype=torch.int64, device=device)
+    _spin[(1,)](out, SPIN_NS=spin_ns, num_warps=1)
+    ns, cycles = (int(v) for v in out.cpu())
+    return cycles / ns

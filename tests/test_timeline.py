@@ -1,0 +1,100 @@
+"""The per-CTA timeline of the sm_90 stage 1: conversion of the stamp table (CPU) and a real launch (GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mlalab.splitkv.timeline import CtaTimeline, timeline_from_stamps
+
+GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _table(max_events: int = 4) -> np.ndarray:
+    # two CTAs at 2 GHz: CTA 0 starts at global 1000 ns (cycle 500), two tiles, one work; CTA 1 starts 40 ns later
+    # (its own cycle counter at 90_000), one tile, one work; CTA 1's tile arrives 1 us after its start
+    t = np.zeros((2, 8 + 2 * max_events), dtype=np.int64)
+    t[0, :5] = [1000, 4000, 500, 500 + 5600, 500 + 400]
+    t[0, 8:10] = [500 + 2000, 500 + 3000]
+    t[0, 8 + max_events] = 500 + 5000
+    t[1, :5] = [1040, 3040, 90_000, 90_000 + 3900, 90_000 + 300]
+    t[1, 8] = 90_000 + 2000
+    t[1, 8 + max_events] = 90_000 + 3800
+    return t
+
+
+def test_stamps_become_ns_from_the_first_start() -> None:
+    tl = timeline_from_stamps(_table(), np.array([2, 1]), np.array([1, 1]), clock_ghz=2.0, kernel="k", max_events=4)
+    assert isinstance(tl, CtaTimeline) and tl.n_cu == 2
+    np.testing.assert_allclose(tl.start_ns, [0, 40])
+    np.testing.assert_allclose(tl.issued_ns, [200, 40 + 150])
+    np.testing.assert_allclose(tl.tile_ready_ns[0], [1000, 1500])
+    np.testing.assert_allclose(tl.tile_ready_ns[1], [40 + 1000])
+    np.testing.assert_allclose(tl.work_done_ns[0], [2500])
+    np.testing.assert_allclose(tl.end_ns, [2800, 40 + 1950])
+    s = tl.summary()
+    assert s["span_ns"] == 2800 and s["start_skew_ns"] == 40 and s["tile_interval_ns"] == 500
+    assert s["first_tile_ns"] == 1000 and s["header_ns"] == 175
+    kinds = [e["event"] for e in tl.events() if e["cta"] == 0]
+    assert kinds == ["start", "issued", "tile", "tile", "work_done", "end"]
+
+
+def test_more_events_than_stamped_keep_the_first_ones() -> None:
+    tl = timeline_from_stamps(_table(2), np.array([5, 1]), np.array([1, 1]), clock_ghz=2.0, kernel="k", max_events=2)
+    assert len(tl.tile_ready_ns[0]) == 2
+
+
+def test_bad_stamp_tables_are_refused() -> None:
+    t = _table()
+    with pytest.raises(ValueError, match="must be"):
+        timeline_from_stamps(t[:, :-1], np.array([2, 1]), np.array([1, 1]), clock_ghz=2.0, kernel="k", max_events=4)
+    with pytest.raises(ValueError, match="shape"):
+        timeline_from_stamps(t, np.array([2]), np.array([1, 1]), clock_ghz=2.0, kernel="k", max_events=4)
+    with pytest.raises(ValueError, match="clock_ghz"):
+        timeline_from_stamps(t, np.array([2, 1]), np.array([1, 1]), clock_ghz=0.0, kernel="k", max_events=4)
+    t[1, 1] = 0  # ended before it started: not one complete launch
+    with pytest.raises(ValueError, match="ended before"):
+        timeline_from_stamps(t, np.array([2, 1]), np.array([1, 1]), clock_ghz=2.0, kernel="k", max_events=4)
+    empty = timeline_from_stamps(_table(), np.array([0, 0]), np.array([0, 0]), clock_ghz=2.0, kernel="k", max_events=4)
+    with pytest.raises(ValueError, match="no CTA"):
+        empty.summary()
+
+
+def test_the_portable_kernel_has_no_timeline() -> None:
+    from mlalab.splitkv.triton_mla import TritonDecoder
+
+    dec = object.__new__(TritonDecoder)  # the refusal comes before any launch; no GPU needed to check it
+    dec.kernel, dec.hopper_variant, dec.hopper_reason = "portable", None, "a8w8 only"
+    with pytest.raises(ValueError, match="sm_90 kernels only.*a8w8 only"):
+        dec.stage1_timeline()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["vt-smem", "v-regs"])
+def test_gpu_timeline_of_a_ragged_batch_is_ordered_and_complete(variant: str) -> None:
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs, ragged_kv_lens
+    from mlalab.splitkv import make_plan
+    from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder, prepare
+
+    x = make_inputs(DecodeCase(kv_lens=(*ragged_kv_lens(20, 3000, seed=2), 0), seed=3)).to("cuda")
+    p = prepare(x, "a8w8")
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    dec = TritonDecoder(p, plan, config=KernelConfig(kernel="hopper", hopper_variant=variant))
+    ref = dec()[0].clone()
+    tl = dec.stage1_timeline()
+    assert tl.kernel == f"hopper:{variant}" and tl.n_cu == 132 and 1.0 < tl.clock_ghz < 2.5
+    tiles = dec.tile_indptr.diff().cpu().numpy()
+    works = plan.work_indptr.diff().numpy()
+    for c in range(132):
+        assert len(tl.tile_ready_ns[c]) == tiles[c] and len(tl.work_done_ns[c]) == works[c]
+        seq = [tl.start_ns[c], tl.issued_ns[c], *tl.tile_ready_ns[c], tl.end_ns[c]]
+        assert all(a <= b + 1.0 for a, b in zip(seq, seq[1:])), (c, seq)  # 1 ns: clock conversion rounding
+        if works[c]:
+            assert tl.work_done_ns[c][-1] <= tl.end_ns[c] + 1.0
+    s = tl.summary()
+    assert 0 < s["span_ns"] < 1e6 and s["tile_interval_ns"] > 0
+    dec._reduce()  # stage 1 above wrote the same partials: the full output is unchanged by stamping
+    assert torch.equal(dec.out, ref)
