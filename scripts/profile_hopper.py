@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--shapes", type=_shapes, default=SHAPES)
     ap.add_argument("--knobs", default="{}", help="KernelConfig fields as JSON (default: the defaults)")
     ap.add_argument("--reduce-before", default=None)
+    ap.add_argument("--plan-block", type=int, default=None, help="the simple planner's block (default: the backend's)")
     ap.add_argument("--no-flashmla", action="store_true")
     ap.add_argument("--out-dir", default=None, help="writes profile.csv and timeline_events.csv there")
     a = ap.parse_args()
@@ -79,7 +80,7 @@ def main() -> None:
 
             fcall, _ = get_backend("flashmla").make_callable(x, precision="a8w8", n_copies=n)
             row["flashmla_us"] = round(time_callable(fcall, n)["us_median"], 2)
-        call, info = make_callable(x, precision="a8w8", n_copies=n, kernel="hopper", **knobs)
+        call, info = make_callable(x, precision="a8w8", n_copies=n, kernel="hopper", plan_block=a.plan_block, **knobs)
         dec, plan = info["decoder"], info["plan"]
         copies = [dec.p.kv] + [dec.p.kv.clone() for _ in range(n - 1)]
         row["ran"] = dec.ran

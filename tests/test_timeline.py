@@ -14,13 +14,16 @@ GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 def _table(max_events: int = 4) -> np.ndarray:
     # two CTAs at 2 GHz: CTA 0 starts at global 1000 ns (cycle 500), two tiles, one work; CTA 1 starts 40 ns later
     # (its own cycle counter at 90_000), one tile, one work; CTA 1's tile arrives 1 us after its start
-    t = np.zeros((2, 8 + 2 * max_events), dtype=np.int64)
+    t = np.zeros((2, 8 + 4 * max_events), dtype=np.int64)
+    m = max_events
     t[0, :5] = [1000, 4000, 500, 500 + 5600, 500 + 400]
-    t[0, 8:10] = [500 + 2000, 500 + 3000]
-    t[0, 8 + max_events] = 500 + 5000
+    t[0, 8:10] = [500 + 2000, 500 + 3000]  # tiles arrived
+    t[0, 8 + m : 10 + m] = [500 + 2400, 500 + 3500]  # scores done
+    t[0, 8 + 2 * m : 10 + 2 * m] = [500 + 2600, 500 + 3700]  # PV issued
+    t[0, 8 + 3 * m] = 500 + 5000  # work stored
     t[1, :5] = [1040, 3040, 90_000, 90_000 + 3900, 90_000 + 300]
-    t[1, 8] = 90_000 + 2000
-    t[1, 8 + max_events] = 90_000 + 3800
+    t[1, 8], t[1, 8 + m], t[1, 8 + 2 * m] = 90_000 + 2000, 90_000 + 2200, 90_000 + 2600
+    t[1, 8 + 3 * m] = 90_000 + 3800
     return t
 
 
@@ -31,13 +34,16 @@ def test_stamps_become_ns_from_the_first_start() -> None:
     np.testing.assert_allclose(tl.issued_ns, [200, 40 + 150])
     np.testing.assert_allclose(tl.tile_ready_ns[0], [1000, 1500])
     np.testing.assert_allclose(tl.tile_ready_ns[1], [40 + 1000])
+    np.testing.assert_allclose(tl.qk_done_ns[0], [1200, 1750])
+    np.testing.assert_allclose(tl.pv_issued_ns[1], [40 + 1300])
     np.testing.assert_allclose(tl.work_done_ns[0], [2500])
     np.testing.assert_allclose(tl.end_ns, [2800, 40 + 1950])
     s = tl.summary()
     assert s["span_ns"] == 2800 and s["start_skew_ns"] == 40 and s["tile_interval_ns"] == 500
     assert s["first_tile_ns"] == 1000 and s["header_ns"] == 175
+    assert s["tile_qk_ns"] == 200 and s["tile_softmax_ns"] == 100  # medians of (200, 250, 100) and (100, 100, 200)
     kinds = [e["event"] for e in tl.events() if e["cta"] == 0]
-    assert kinds == ["start", "issued", "tile", "tile", "work_done", "end"]
+    assert kinds == ["start", "issued", *["tile"] * 2, *["qk_done"] * 2, *["pv_issued"] * 2, "work_done", "end"]
 
 
 def test_more_events_than_stamped_keep_the_first_ones() -> None:
@@ -90,7 +96,8 @@ def test_gpu_timeline_of_a_ragged_batch_is_ordered_and_complete(variant: str) ->
     works = plan.work_indptr.diff().numpy()
     for c in range(132):
         assert len(tl.tile_ready_ns[c]) == tiles[c] and len(tl.work_done_ns[c]) == works[c]
-        seq = [tl.start_ns[c], tl.issued_ns[c], *tl.tile_ready_ns[c], tl.end_ns[c]]
+        per_tile = [t for tile in zip(tl.tile_ready_ns[c], tl.qk_done_ns[c], tl.pv_issued_ns[c]) for t in tile]
+        seq = [tl.start_ns[c], tl.issued_ns[c], *per_tile, tl.end_ns[c]]
         assert all(a <= b + 1.0 for a, b in zip(seq, seq[1:])), (c, seq)  # 1 ns: clock conversion rounding
         if works[c]:
             assert tl.work_done_ns[c][-1] <= tl.end_ns[c] + 1.0

@@ -369,7 +369,7 @@ _REDUCE = textwrap.dedent(
     lse = torch.full((3, H), 7.0)
     K.reduce_kernel[(2, H, DV // 128)](part_o, part_lse, indptr, final_map, pmap, split, out, lse,
                                        out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_DV=128, BLOCK_P=32,
-                                       USE_PDL=False, num_warps=1)
+                                       USE_PDL=False, CHAIN=False, num_warps=1)
     ref_o, ref_l = torch.zeros(3, H, DV, dtype=torch.float64), torch.full((3, H), float("-inf"), dtype=torch.float64)
     for t, (c, r) in enumerate(zip(counts, rows)):
         first = torch.tensor(part_first[int(indptr[t]):int(indptr[t + 1])])

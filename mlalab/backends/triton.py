@@ -3,8 +3,8 @@
 Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16), ``fp8_format`` (e4m3fn | e4m3fnuz),
 ``planner`` (a name from `mlalab.splitkv.PLANNERS`; default "simple", the one-wave even split), ``num_cus``
 (plan slots; default: the GPU's SM count), ``plan_block`` (the simple planner's `block`: minimum work size in
-kv_indices positions, i.e. tokens at page size 1; default 64, and `HOPPER_PLAN_BLOCK` = 128 where the Hopper
-kernel runs), ``plan`` (a ready WorkPlan), the planner's own knobs (e.g. ``kv_granularity``,
+kv_indices positions, i.e. tokens at page size 1; default 64, also where the Hopper kernel runs:
+`HOPPER_PLAN_BLOCK`), ``plan`` (a ready WorkPlan), the planner's own knobs (e.g. ``kv_granularity``,
 ``max_split_per_batch``), and the `KernelConfig` knobs (``kernel``, ``hopper_variant``, ``hopper_stages``, ``pdl``,
 ``block_n``, ``num_warps``, ``num_stages``, ``transposed``, ``mma_fp16``, ``p_fp8``, ``contiguous``,
 ``qk_tokens_m``, ``d_chunk``, ``chunk_pv``); unset knobs take KernelConfig's defaults, the configuration tuned
@@ -55,10 +55,11 @@ def build_plan(inputs: DecodeInputs, planner: str = "simple", num_cus: int | Non
     )
 
 
-#: The simple planner's minimum work (tokens) when the Hopper kernel runs: 2 tiles of 64. Measured on the H200
-#: (data/timings/h200_2026-12-02_hopper_dev5.csv): 9.6 vs 10.7 us at 4 x 1024, 10.7 vs 12.9 at 8 x 1024, equal or
-#: better elsewhere; fewer, longer works halve the partials the reduce must read at small batch.
-HOPPER_PLAN_BLOCK = 128
+#: The simple planner's minimum work (tokens) when the Hopper kernel runs: one 64-token tile. Measured on the H200
+#: in one process (2026-12-02, session 4, after the reduce was cut to one round trip): 7.46 vs 8.40 us at 4 x 1024,
+#: 8.90 vs 9.26 at 8 x 1024 against 128 tokens; other shapes have two or more tiles per CTA either way. (With the
+#: older two-pass reduce, 128 had won: data/timings/h200_2026-12-02_hopper_dev5.csv.)
+HOPPER_PLAN_BLOCK = 64
 
 
 def make_callable(

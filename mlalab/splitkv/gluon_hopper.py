@@ -60,6 +60,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .gluon_hopper_vreg import _p_operand, _pv_operand, _store_work_vregs
+
 __all__ = ["BLOCK_N", "stage1_kernel", "make_descriptors", "TensorDescriptor"]
 
 #: TMA global -> shared copy: ``async_copy_global_to_shared`` up to Triton 3.6 (the H200 machine's), renamed
@@ -74,10 +76,11 @@ BLOCK_N = 64
 
 #: The optional per-CTA timeline (``TIMELINE=True``, `triton_mla.TritonDecoder.stage1_timeline`): one int64 row per
 #: CTA. Columns: 0/1 global timer (ns) at start / end, 2/3 SM clock at start / end, 4 SM clock once the first
-#: TMAs are in flight, then `TIMELINE_MAX` columns of the SM clock when tile ``it`` has arrived (``8 + it``) and
-#: `TIMELINE_MAX` of the SM clock once work ``j``'s output stores are issued (``8 + TIMELINE_MAX + j``).
+#: TMAs are in flight; then four blocks of `TIMELINE_MAX` SM-clock columns: tile ``it`` has arrived
+#: (``8 + it``), its scores are done (``8 + TIMELINE_MAX + it``), its PV is issued (``8 + 2·TIMELINE_MAX + it``),
+#: and work ``j``'s output stores are issued (``8 + 3·TIMELINE_MAX + j``).
 TIMELINE_MAX = gl.constexpr(256)
-TIMELINE_COLS = gl.constexpr(8 + 2 * 256)
+TIMELINE_COLS = gl.constexpr(8 + 4 * 256)
 
 
 @gluon.jit
@@ -98,12 +101,10 @@ _V_LOAD = gl.BlockedLayout([16, 16], [1, 32], [4, 1], [1, 0])
 
 
 @gluon.jit
-def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, it, n_tiles,
-                   NUM_STAGES: gl.constexpr):  # fmt: skip
-    """TMA the CTA's tile number `it` (if it exists) into ring stage ``it % NUM_STAGES``."""
+def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, NUM_STAGES: gl.constexpr):
+    """TMA the CTA's tile number `it` (KV row `row` onwards), if it exists, into ring stage ``it % NUM_STAGES``."""
     if it < n_tiles:
         s = it % NUM_STAGES
-        row = gl.load(TILE_ROWS + t_begin + it)
         bar = ready.index(s)
         mbarrier.expect(bar, kn_desc.block_type.nbytes + kr_desc.block_type.nbytes)
         _tma_load(kn_desc, [row, 0], bar, kn_smem.index(s))
@@ -111,14 +112,13 @@ def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin
 
 
 @gluon.jit
-def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w, j, H: gl.constexpr):
-    """TMA the q rows of work `w` (the CTA's j-th work) into q buffer ``j % 2``: (NQ, 512) and (NQ, 64)."""
+def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row, j, H: gl.constexpr):
+    """TMA the 16 head rows of q row `q_row` (the CTA's j-th work) into q buffer ``j % 2``."""
     b = j % 2
-    q_row = gl.load(WORK_INFO + w * 8 + 2) * H  # q is viewed as (total_q · 16, 576): row = q index · 16 + head
     bar = q_bar.index(b)
     mbarrier.expect(bar, qn_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-    _tma_load(qn_desc, [q_row, 0], bar, qn_smem.index(b))
-    _tma_load(qr_desc, [q_row, 0], bar, qr_smem.index(b))
+    _tma_load(qn_desc, [q_row * H, 0], bar, qn_smem.index(b))  # q viewed as (total_q · 16, 576)
+    _tma_load(qr_desc, [q_row * H, 0], bar, qr_smem.index(b))
 
 
 @gluon.jit
@@ -150,8 +150,8 @@ def _store_vt(v_t, vt, REPORT: gl.constexpr):
 
 
 @gluon.jit
-def _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, qo_end,
-                H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
+def _store_work_vt(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
+                   H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
     l = gl.sum(l_acc, axis=0)  # (NQ,): the per-thread running sums, reduced once per work
     has = l > 0.0  # an empty work (0-token request): output 0, LSE -inf (the identity of the merge)
@@ -164,7 +164,7 @@ def _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_
     even, odd = gl.split(o.reshape([128, NQ, 2, 2]))  # chunk c = 2·a + b: split takes b (the last axis) first
     o0, o2 = gl.split(even)
     o1, o3 = gl.split(odd)
-    n_valid = (qo_end - qo_start) * H  # columns n = (q row - qo_start) · 16 + head; the rest is padding
+    n_valid = H  # one q row of 16 heads per work (NQ == H): every column is valid
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
         _store_rows(o0, o1, o2, o3, lse, OUT, OUT_LSE, qo_start.to(gl.int64) * H, n_valid, D_NOPE, NQ)
     else:  # one split of it: fp32 partial at the plan's partial rows
@@ -198,23 +198,26 @@ def _store_chunk(o, DST, base, n_valid, d0: gl.constexpr, D_NOPE: gl.constexpr, 
 def _stage1_kernel(
     qn_desc, qr_desc,  # TMA descriptors of q viewed as (total_q·16, 576) fp8: dims [0, 512) and [512, 576)
     kn_desc, kr_desc,  # TMA descriptors of the KV rows (rows, 576) fp8: dims [0, 512) and [512, 576)
-    WORK_INDPTR,  # (n_cu + 1,) int32
+    CTA_INFO,  # (n_cu, 8) int32: first work, end work, first tile, end tile, rows of tiles 0..2, q row of work 0
     WORK_INFO,  # (n_work, 8) int32, kv positions in tokens (token_work_info)
-    TILE_INDPTR,  # (n_cu + 1,) int32: CTA c's tiles are TILE_ROWS[TILE_INDPTR[c]:TILE_INDPTR[c+1]]
-    TILE_ROWS,  # int32 KV row of each tile's first token, in the order the CTA consumes them
+    TILE_ROWS,  # int32 KV row of each tile's first token, in the order the CTAs consume them
     OUT, OUT_LSE, PART_O, PART_LSE,
     Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales
     sm_scale,
     TIMELINE_BUF,  # (n_cu, TIMELINE_COLS) int64 when TIMELINE, else any tensor (unused)
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
-    TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (gluon_hopper.TIMELINE_COLS)
-    REPORT: gl.constexpr,  # print the V-transpose bank-conflict counts while compiling (sm90_build)
+    V_IN_REGS: gl.constexpr,  # the PV's Vᵀ from registers (gluon_hopper_vreg) instead of a Vᵀ buffer
+    WAIT_PRIOR: gl.constexpr,  # launched as a programmatic dependent: wait for the prior kernel before any TMA
+    TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
+    REPORT: gl.constexpr,  # print the V bank-conflict counts while compiling (sm90_build)
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
-    gl.static_assert(BLOCK_N == 64, "the V transpose layout is written for 64-token tiles")
-    gl.static_assert(D_NOPE == 512, "the value-row order pi is written for 512 value dims")
+    gl.static_assert(BLOCK_N == 64, "the V layouts are written for 64-token tiles")
+    gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
+    gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
+    gl.static_assert(NUM_STAGES <= 3, "CTA_INFO lists the rows of the first three tiles")
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)  # fmt: skip
@@ -222,14 +225,24 @@ def _stage1_kernel(
     if TIMELINE:
         _stamp(tl_row, 0, GLOBAL=True)
         _stamp(tl_row, 2)
-    pid = gl.program_id(0)
-    w_begin = gl.load(WORK_INDPTR + pid)
-    w_end = gl.load(WORK_INDPTR + pid + 1)
-    t_begin = gl.load(TILE_INDPTR + pid)
-    n_tiles = gl.load(TILE_INDPTR + pid + 1) - t_begin
+    # The CTA's header, the scales and the first tiles' rows: independent loads, so ONE round trip before the
+    # first TMAs (loads written between TMA issues would each wait for the previous issue: measured 3.6 us).
+    head = CTA_INFO + gl.program_id(0) * 8
+    w_begin = gl.load(head)
+    w_end = gl.load(head + 1)
+    t_begin = gl.load(head + 2)
+    t_end = gl.load(head + 3)
+    row0 = gl.load(head + 4)
+    row1 = gl.load(head + 5)
+    row2 = gl.load(head + 6)
+    q_row0 = gl.load(head + 7)
+    q_scale = gl.load(Q_SCALE)
+    v_scale = gl.load(KV_SCALE)
+    n_tiles = t_end - t_begin
 
-    # wgmma accumulators (Sᵀ: 64 × NQ, Oᵀ: 512 × NQ): 4 warps along M, N = NQ (16 heads × q rows) per instruction
+    # wgmma accumulators (Sᵀ: 64 × NQ, Oᵀ: 512 × NQ): 4 warps along M, N = NQ (16 heads) per instruction
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NQ, 32])
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
     T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)  # 64-B rows
     fp8: gl.constexpr = kn_desc.dtype
 
@@ -237,8 +250,9 @@ def _stage1_kernel(
     kr_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
     qn_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_ROPE], qr_desc.layout)
-    vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
+    if not V_IN_REGS:
+        vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
@@ -246,33 +260,38 @@ def _stage1_kernel(
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
     fence_async_shared()
+    if WAIT_PRIOR:  # everything above is plan data and setup; q, the KV and our outputs belong to the stream order
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
-    # Fill the ring, and fetch the first work's q, before any math.
-    for i in gl.static_range(NUM_STAGES):
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, i, n_tiles, NUM_STAGES)
+    # Fill the ring and fetch the first work's q before anything else.
+    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, NUM_STAGES)
+    if NUM_STAGES > 1:
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES)
+    if NUM_STAGES > 2:
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES)
     if w_begin < w_end:
-        _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w_begin, 0, H)
+        _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
     if TIMELINE:
         _stamp(tl_row, 4)
+    # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
+    row_pf = gl.load(TILE_ROWS + t_begin + NUM_STAGES, mask=n_tiles > NUM_STAGES, other=0)
 
     # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
-    qk_scale = sm_scale * gl.load(Q_SCALE) * gl.load(KV_SCALE) * 1.4426950408889634
-    v_scale = gl.load(KV_SCALE)
+    qk_scale = sm_scale * q_scale * v_scale * 1.4426950408889634
     offs_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
 
     it = 0  # tiles consumed by this CTA (ring position and phase)
     for w in range(w_begin, w_end):
         j = w - w_begin
-        qb = j % 2
-        mbarrier.wait(q_bar.index(qb), (j // 2) & 1)
-        if w + 1 < w_end:  # buffer (j+1) % 2 held work w-1's q, whose MMAs all completed in its epilogue
-            _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, WORK_INFO, w + 1, j + 1, H)
         info = WORK_INFO + w * 8
         partial_loc = gl.load(info + 1)
         qo_start = gl.load(info + 2)
-        qo_end = gl.load(info + 3)
         kv_start = gl.load(info + 4)
         kv_end = gl.load(info + 5)
+        qb = j % 2
+        mbarrier.wait(q_bar.index(qb), (j // 2) & 1)
+        if w + 1 < w_end:  # buffer (j+1) % 2 held work w-1's q, whose MMAs all completed in its epilogue
+            _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, gl.load(info + 10), j + 1, H)  # next work's q row
         q_nope_t = qn_smem.index(qb).permute((1, 0))  # (512, NQ): the B operand, reduction dim contiguous
         q_rope_t = qr_smem.index(qb).permute((1, 0))
 
@@ -280,22 +299,34 @@ def _stage1_kernel(
         l_acc = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
         o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC))
         for start in range(kv_start, kv_end, BLOCK_N):
+            row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
             if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
                 if it < TIMELINE_MAX:
                     _stamp(tl_row, 8 + it)
             kn = kn_smem.index(s)
+            if V_IN_REGS:
+                # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and
+                # its P buffer are free. (Waiting for it only after issuing QK, with a partial wait_group, makes
+                # ptxas serialise every wgmma of the kernel; waiting for both after the V load spills.)
+                o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
             # QK on the tensor cores, asynchronously ...
             s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
                                   is_async=True)  # fmt: skip
             s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
-            # ... while the CUDA cores load this tile's V into registers
-            vb = it % 2
-            v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL, REPORT)
-            s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
-            vt = vt_smem.index(vb)  # PV(it-2) read this buffer and completed in the previous iteration's wait
-            _store_vt(v_t, vt, REPORT)
+            # ... while the CUDA cores load this tile's V: into the PV's A-operand registers, or transposed into Vᵀ
+            if V_IN_REGS:
+                v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT)
+                s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
+            else:
+                v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL, REPORT)
+                s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
+                vt = vt_smem.index(it % 2)  # PV(it-2) read this buffer and completed in the previous iteration
+                _store_vt(v_t, vt, REPORT)
+            if TIMELINE:  # noqa: SIM102
+                if it < TIMELINE_MAX:
+                    _stamp(tl_row, 8 + TIMELINE_MAX + it)
 
             # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
             sc = s_acc * qk_scale
@@ -305,21 +336,35 @@ def _stage1_kernel(
             p = gl.exp2(sc - m_new[None, :])
             l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
-            p_smem.index(vb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
-            fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (K tile) ordered before async ones
-            _cta_barrier()  # ... by all four warps: the stage is free, Vᵀ and Pᵀ are complete
-            _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, TILE_ROWS, t_begin, it + NUM_STAGES,
-                           n_tiles, NUM_STAGES)  # fmt: skip
+            pb = it % 2
+            if V_IN_REGS:
+                p_smem.index(pb).store(_p_operand(p, fp8, NQ))  # P rounded to the KV's fp8 type (aiter's a8w8)
+            else:
+                p_smem.index(pb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
+            fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
+            _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
+            _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+            row_pf = row_nx
 
             o_cur = o_cur * alpha[None, :]
-            o_acc = warpgroup_mma(vt, p_smem.index(vb).permute((1, 0)), o_cur, is_async=True)
+            if V_IN_REGS:
+                o_acc = warpgroup_mma(v_op, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
+            else:
+                o_acc = warpgroup_mma(vt, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
+            if TIMELINE:  # noqa: SIM102
+                if it < TIMELINE_MAX:
+                    _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
-        _store_work(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start, qo_end,
-                    H, NQ, D_NOPE)  # fmt: skip
-        if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
+        if V_IN_REGS:
+            _store_work_vregs(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
+                              H, NQ, D_NOPE)  # fmt: skip
+        else:
+            _store_work_vt(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
+                           H, NQ, D_NOPE)  # fmt: skip
+        if TIMELINE:  # noqa: SIM102
             if j < TIMELINE_MAX:
-                _stamp(tl_row, 8 + TIMELINE_MAX + j)
+                _stamp(tl_row, 8 + 3 * TIMELINE_MAX + j)
 
     if TIMELINE:
         _stamp(tl_row, 3)

@@ -81,16 +81,15 @@ def _tool(name: str) -> str:
 def compile_hopper(
     stages: int = 3, *, mask_tail: bool = False, variant: str = "vt-smem", timeline: bool = False
 ) -> BuildReport:
-    """Compile the sm_90 stage 1 of `variant` (``vt-smem``: `gluon_hopper`, ``v-regs``: `gluon_hopper_vreg`) for
-    sm_90 with `stages` ring buffers (``timeline``: with its per-CTA time stamps); see the module docstring."""
+    """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
+    `stages` ring buffers (``timeline``: with its per-CTA time stamps); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
-    from . import gluon_hopper, gluon_hopper_vreg
+    from . import gluon_hopper as G
 
     if variant not in ("vt-smem", "v-regs"):
         raise ValueError(f"variant must be 'vt-smem' or 'v-regs', got {variant!r}")
-    G = gluon_hopper_vreg if variant == "v-regs" else gluon_hopper
 
     driver.set_active(_Sm90Driver())
     q = torch.zeros(4 * 16, 576, dtype=torch.float8_e4m3fn)
@@ -104,13 +103,13 @@ def compile_hopper(
     os.environ["TRITON_CACHE_DIR"] = cache
     try:
         with contextlib.redirect_stdout(printed):  # gl.static_print: the bank-conflict counts
-            plan_args = (i32(133), i32(8 * 8), i32(133), i32(64)) if variant == "vt-smem" else (
-                i32(132 * 8), i32(8 * 8), i32(64))  # fmt: skip
+            plan_args = (i32(132 * 8), i32(8 * 8), i32(64))  # CTA_INFO, WORK_INFO, TILE_ROWS
             ck = G.stage1_kernel.warmup(
                 *G.make_descriptors(q, kv, 16), *plan_args, out, lse, po, pl, one,
-                one, 0.04, torch.zeros(1, gluon_hopper.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
+                one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
-                LAUNCH_DEPENDENTS=True, TIMELINE=timeline, REPORT=True, num_warps=4, grid=(1,),
+                LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
+                REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

@@ -1,16 +1,17 @@
 """What each CTA of the persistent sm_90 stage 1 did, and when: a measured Gantt chart of a `WorkPlan` on the GPU.
 
-The Hopper kernels (`gluon_hopper`, `gluon_hopper_vreg`) stamp, when compiled with ``TIMELINE=True``, the GPU's
+The Hopper stage 1 (`gluon_hopper.stage1_kernel`) stamps, when compiled with ``TIMELINE=True``, the GPU's
 nanosecond timer at each CTA's start and end, and the SM's cycle counter at the start, once the first TMAs are in
-flight, when each KV tile has arrived, and once each work's output is stored (`gluon_hopper.TIMELINE_COLS`).
+flight, and per KV tile when it has arrived, when its scores are done and when its PV is issued, and once each
+work's output is stored (`gluon_hopper.TIMELINE_COLS`).
 `timeline_from_stamps` turns that table into times in nanoseconds from the first CTA's start: the cycle counts
 are converted with the SM clock measured by `measure_clock_ghz` (a spin kernel reading both counters over 200 µs),
 because the global timer alone is too coarse for sub-microsecond events on some GPUs.
 
-Get one with `TritonDecoder.stage1_timeline()` (GPU only); `CtaTimeline.summary()` answers "where does the time
-go" (launch skew, time to the first tile, per-tile interval, epilogue, tail) and `CtaTimeline.events()` is the
-long table that `mlalab.plots` draws. Stamping costs a few stores per tile, so the timed numbers of
-`mlalab.timing` are taken without it.
+Get one with `TritonDecoder.stage1_timeline()` (GPU only); `CtaTimeline.summary()` answers "where does the
+time go" (launch skew, time to the first tile, per-tile interval and its parts, epilogue, tail) and
+`CtaTimeline.events()` is the long table that `mlalab.plots` draws. Stamping costs a few stores per tile, so the
+timed numbers of `mlalab.timing` are taken without it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class CtaTimeline:
     end_ns: np.ndarray  # (n_cu,) after the last output store was issued
     issued_ns: np.ndarray  # (n_cu,) the first TMAs in flight (after the plan header's round trip)
     tile_ready_ns: tuple[np.ndarray, ...]  # per CTA: when each of its tiles had arrived in shared memory
+    qk_done_ns: tuple[np.ndarray, ...]  # per CTA and tile: scores done (and, vt-smem, Vᵀ stored)
+    pv_issued_ns: tuple[np.ndarray, ...]  # per CTA and tile: softmax done, refill and PV issued
     work_done_ns: tuple[np.ndarray, ...]  # per CTA: when each of its works' outputs were stored
 
     @property
@@ -54,17 +57,27 @@ class CtaTimeline:
             "header_ns": float(np.median(self.issued_ns[busy] - self.start_ns[busy])),
             "first_tile_ns": float(np.median(first)),
             "tile_interval_ns": float(np.median(gaps)) if gaps.size else float("nan"),
+            "tile_qk_ns": float(np.median(np.concatenate([self.qk_done_ns[c] - self.tile_ready_ns[c] for c in busy]))),
+            "tile_softmax_ns": float(
+                np.median(np.concatenate([self.pv_issued_ns[c] - self.qk_done_ns[c] for c in busy]))
+            ),
             "last_tile_to_end_ns": float(np.median(last_tile_to_end)),
             "end_spread_ns": float(self.end_ns[busy].max() - self.end_ns[busy].min()),
         }
 
     def events(self) -> list[dict[str, float | int | str]]:
-        """One row per event: ``cta``, ``event`` (start, issued, tile, work_done, end), ``index``, ``t_ns``."""
+        """One row per event: ``cta``, ``event`` (start, issued, tile, qk_done, pv_issued, work_done, end),
+        ``index`` (the tile or work number), ``t_ns``."""
         rows: list[dict[str, float | int | str]] = []
         for c in range(self.n_cu):
             rows.append({"cta": c, "event": "start", "index": 0, "t_ns": float(self.start_ns[c])})
             rows.append({"cta": c, "event": "issued", "index": 0, "t_ns": float(self.issued_ns[c])})
-            for event, times in (("tile", self.tile_ready_ns[c]), ("work_done", self.work_done_ns[c])):
+            for event, times in (
+                ("tile", self.tile_ready_ns[c]),
+                ("qk_done", self.qk_done_ns[c]),
+                ("pv_issued", self.pv_issued_ns[c]),
+                ("work_done", self.work_done_ns[c]),
+            ):
                 rows += [{"cta": c, "event": event, "index": i, "t_ns": float(t)} for i, t in enumerate(times)]
             rows.append({"cta": c, "event": "end", "index": 0, "t_ns": float(self.end_ns[c])})
         return rows
@@ -74,13 +87,13 @@ def timeline_from_stamps(
     stamps: np.ndarray, tiles_per_cta: np.ndarray, works_per_cta: np.ndarray, *, clock_ghz: float, kernel: str,
     max_events: int,
 ) -> CtaTimeline:  # fmt: skip
-    """Convert the kernel's stamp table (n_cu, 8 + 2·max_events) int64 into a `CtaTimeline` (see the module doc).
+    """Convert the kernel's stamp table (n_cu, 8 + 4·max_events) int64 into a `CtaTimeline` (see the module doc).
 
     CTAs with more than `max_events` tiles or works keep their first `max_events` (the kernel stamps no more)."""
     stamps = np.asarray(stamps, dtype=np.int64)
     n_cu = int(stamps.shape[0]) if stamps.ndim == 2 else -1
-    if stamps.ndim != 2 or stamps.shape[1] != 8 + 2 * max_events:
-        raise ValueError(f"stamps must be (n_cu, {8 + 2 * max_events}) int64, got shape {tuple(stamps.shape)}")
+    if stamps.ndim != 2 or stamps.shape[1] != 8 + 4 * max_events:
+        raise ValueError(f"stamps must be (n_cu, {8 + 4 * max_events}) int64, got shape {tuple(stamps.shape)}")
     tiles_per_cta, works_per_cta = np.asarray(tiles_per_cta), np.asarray(works_per_cta)
     if tiles_per_cta.shape != (n_cu,) or works_per_cta.shape != (n_cu,):
         raise ValueError(f"tiles_per_cta and works_per_cta must have shape ({n_cu},)")
@@ -94,11 +107,12 @@ def timeline_from_stamps(
     def at(c: int, cycles: np.ndarray) -> np.ndarray:  # SM cycle stamps of CTA c -> ns from t0
         return start[c] + (cycles.astype(np.float64) - float(stamps[c, 2])) / clock_ghz
 
-    tiles, works = [], []
+    tiles, qk, pv, works = [], [], [], []
     for c in range(n_cu):
         nt, nw = min(int(tiles_per_cta[c]), max_events), min(int(works_per_cta[c]), max_events)
-        tiles.append(at(c, stamps[c, 8 : 8 + nt]))
-        works.append(at(c, stamps[c, 8 + max_events : 8 + max_events + nw]))
+        for out, block, n in ((tiles, 0, nt), (qk, 1, nt), (pv, 2, nt), (works, 3, nw)):
+            first = 8 + block * max_events
+            out.append(at(c, stamps[c, first : first + n]))
     return CtaTimeline(
         kernel=kernel,
         clock_ghz=float(clock_ghz),
@@ -106,6 +120,8 @@ def timeline_from_stamps(
         end_ns=np.array([at(c, stamps[c, 3:4])[0] for c in range(n_cu)]),
         issued_ns=np.array([at(c, stamps[c, 4:5])[0] for c in range(n_cu)]),
         tile_ready_ns=tuple(tiles),
+        qk_done_ns=tuple(qk),
+        pv_issued_ns=tuple(pv),
         work_done_ns=tuple(works),
     )
 

@@ -58,9 +58,9 @@ import triton
 import triton.language as tl
 
 try:  # programmatic dependent launch (sm_90+): the reduce waits for stage 1's writes
-    from triton.language.extra.cuda import gdc_wait
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # a Triton without it: the reduce is then launched plainly (USE_PDL False)
-    gdc_wait = None
+    gdc_wait = gdc_launch_dependents = None
 
 __all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET"]
 
@@ -457,6 +457,7 @@ def _reduce_kernel(
     BLOCK_DV: tl.constexpr,
     BLOCK_P: tl.constexpr,
     USE_PDL: tl.constexpr,
+    CHAIN: tl.constexpr,  # the next stage 1 is a programmatic dependent too: let it launch once we have waited
 ):
     # Grid (split tiles, H, DV // BLOCK_DV), one warp each: a small batch has few tiles with many partials, so every
     # (tile, head, value slice) is its own program, and it reads BLOCK_P partials' slices in ONE block load
@@ -477,6 +478,8 @@ def _reduce_kernel(
     prow0 = tl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm0, other=0)  # first block's partial rows (q row 0)
     if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
         gdc_wait()
+        if CHAIN:  # (the next stage 1 waits for this grid's completion before it writes anything)
+            gdc_launch_dependents()
     for r in range(q_start, q_end):
         u = r - q_start
         m, acc, wsum = _merge_block(PART_O, PART_LSE, (prow0 + u).to(tl.int64), pm0, h, offs_d,

@@ -170,11 +170,14 @@ def token_work_info(plan: WorkPlan, kv_indptr: torch.Tensor, kv_last_page_len: t
 class KernelConfig:
     """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`).
 
-    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernels (`gluon_hopper`, `gluon_hopper_vreg`: fp8 wgmma, TMA ring
+    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`, two paths: fp8 wgmma, TMA ring
     of ``hopper_stages`` 64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
     (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
     else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
-    overlaps stage 1 and it starts the moment stage 1's writes are visible. ``hopper_variant`` (hopper):
+    overlaps stage 1 and it starts the moment stage 1's writes are visible. ``pdl_chain`` (hopper, with ``pdl``):
+    stage 1 too is a programmatic dependent of whatever precedes it in the stream; it reads its plan header and
+    sets up shared memory, then waits for that kernel to complete before it reads q or the KV or writes
+    anything, so back-to-back calls overlap one call's launch and header with the previous call's tail. ``hopper_variant`` (hopper):
     ``"vt-smem"``, ``"v-regs"`` or ``"auto"`` (see `HOPPER_VARIANTS`, `HOPPER_LONG_STREAM`). The knobs below
     ``hopper_variant`` belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
@@ -189,6 +192,7 @@ class KernelConfig:
     kernel: str = "auto"
     hopper_stages: int = 3
     pdl: bool = True
+    pdl_chain: bool = False
     hopper_variant: str = "auto"
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
@@ -205,7 +209,7 @@ class KernelConfig:
 def hopper_import_error() -> str | None:
     """Why the Gluon Hopper kernel module cannot be imported here (None when it can)."""
     try:
-        from . import gluon_hopper, gluon_hopper_vreg  # noqa: F401
+        from . import gluon_hopper  # noqa: F401
     except Exception as e:  # a Triton without Gluon's Hopper API, or no Triton at all
         return f"triton.experimental.gluon (Hopper) is unavailable: {type(e).__name__}: {e}"
     return None
@@ -268,9 +272,10 @@ def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info:
     return tile_indptr.to(torch.int32), rows.to(torch.int32)
 
 
-#: The two sm_90 stage-1 kernels (`KernelConfig.hopper_variant`): ``vt-smem`` = `gluon_hopper` (Vᵀ transposed
-#: through shared memory, QK and PV pipelined across tiles), ``v-regs`` = `gluon_hopper_vreg` (V straight from the
-#: K tile into the PV's register operand; no Vᵀ buffer, but PV(i-1) is waited for before QK(i)).
+#: The two paths of the sm_90 stage 1 `gluon_hopper.stage1_kernel` (`KernelConfig.hopper_variant`): ``vt-smem``
+#: (Vᵀ transposed through shared memory, QK and PV pipelined across tiles), ``v-regs`` (``V_IN_REGS``, helpers in
+#: `gluon_hopper_vreg`: V straight from the K tile into the PV's register operand; no Vᵀ buffer, but PV(i-1) is
+#: waited for before QK(i)).
 HOPPER_VARIANTS = ("vt-smem", "v-regs")
 
 #: ``hopper_variant="auto"`` runs ``v-regs`` when some CTA of the plan streams at least this many 64-token tiles.
@@ -378,8 +383,9 @@ class TritonDecoder:
         self.split_tiles = torch.nonzero(counts >= 2).flatten().to(device=dev, dtype=torch.int32)
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
         self.use_pdl = self.kernel == "hopper" and config.pdl and K.gdc_wait is not None
+        self.pdl_chain = self.use_pdl and config.pdl_chain
         if self.kernel == "hopper":
-            from . import gluon_hopper, gluon_hopper_vreg
+            from . import gluon_hopper
 
             t_indptr, t_rows = hopper_tiles(prepared, plan.work_indptr, self.work_info, gluon_hopper.BLOCK_N)
             most_tiles = int(t_indptr.diff().max()) if t_indptr.numel() > 1 else 0
@@ -387,10 +393,9 @@ class TritonDecoder:
             self.hopper_variant = config.hopper_variant
             if self.hopper_variant == "auto":
                 self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM else "vt-smem"
-            self.G = gluon_hopper_vreg if self.hopper_variant == "v-regs" else gluon_hopper
+            self.G = gluon_hopper
             self.tile_indptr, self.tile_rows = t_indptr.to(dev), t_rows.to(dev)
-            if self.hopper_variant == "v-regs":  # its per-CTA header (vt-smem reads work_indptr / tile_indptr)
-                self.cta_info = hopper_cta_info(plan.work_indptr, t_indptr, t_rows, self.work_info).to(dev)
+            self.cta_info = hopper_cta_info(plan.work_indptr, t_indptr, t_rows, self.work_info).to(dev)
             self._descs: dict[tuple[int, int], tuple] = {}
 
     @property
@@ -419,7 +424,8 @@ class TritonDecoder:
             self.K.reduce_kernel[(self.split_tiles.numel(), H, DV // 128)](
                 self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
                 self.split_tiles, self.out, self.lse, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, BLOCK_DV=128, BLOCK_P=self.reduce_block_p, USE_PDL=self.use_pdl, num_warps=1, **pdl,
+                H=H, DV=DV, BLOCK_DV=128, BLOCK_P=self.reduce_block_p, USE_PDL=self.use_pdl, CHAIN=self.pdl_chain,
+                num_warps=1, **pdl,
             )  # fmt: skip
 
     def stage1_timeline(self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None) -> CtaTimeline:
@@ -454,15 +460,14 @@ class TritonDecoder:
         p, c = self.p, self.config
         kw = dict(H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
                   NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
-                  LAUNCH_DEPENDENTS=self.use_pdl, TIMELINE=timeline is not None, REPORT=False, num_warps=4)  # fmt: skip
+                  LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
+                  WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False, num_warps=4)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
-        tail = (self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale, stamps)
-        if self.hopper_variant == "v-regs":
-            self.G.stage1_kernel[(self.n_cu,)](*descs, self.cta_info, self.work_info, self.tile_rows, *tail, **kw)
-        else:
-            self.G.stage1_kernel[(self.n_cu,)](
-                *descs, self.plan.work_indptr, self.work_info, self.tile_indptr, self.tile_rows, *tail, **kw
-            )
+        chain = {"launch_pdl": True} if self.pdl_chain else {}
+        self.G.stage1_kernel[(self.n_cu,)](
+            *descs, self.cta_info, self.work_info, self.tile_rows, self.out, self.lse, self.part_o, self.part_lse,
+            p.q_scale, p.kv_scale, self.sm_scale, stamps, **kw, **chain,
+        )  # fmt: skip
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
         p, c, plan = self.p, self.config, self.plan
