@@ -124,7 +124,9 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
         if variant == "vt-smem":
             assert conflicts == "0,0" and int(sts) >= 16, r.stdout  # the transpose: 16-byte stores, no conflicts
         else:
-            assert conflicts == "0" and int(sts) < 16, r.stdout  # V goes to registers: no transposing stores
+            # V goes to registers: no transposing stores (vt-smem has 32 more); what is left is the Pᵀ tile and the
+            # fp32 epilogue's conversion (16 x 16 bytes per thread, inside each warp)
+            assert conflicts == "0" and int(sts) < 32, r.stdout
 
 
 def test_cta_info_rows_and_variant_choice() -> None:

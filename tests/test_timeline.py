@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -105,3 +106,63 @@ def test_gpu_timeline_of_a_ragged_batch_is_ordered_and_complete(variant: str) ->
     assert 0 < s["span_ns"] < 1e6 and s["tile_interval_ns"] > 0
     dec._reduce()  # stage 1 above wrote the same partials: the full output is unchanged by stamping
     assert torch.equal(dec.out, ref)
+
+
+def _events() -> pd.DataFrame:
+    tl = timeline_from_stamps(_table(), np.array([2, 1]), np.array([1, 1]), clock_ghz=2.0, kernel="k", max_events=4)
+    return pd.DataFrame([{"B": 4, "L": 1024, **e} for e in tl.events()])
+
+
+def test_gantt_segments_and_summary_from_events() -> None:
+    from mlalab.plots.timeline import cta_timeline_figure, timeline_summary
+
+    ev = _events()
+    s = timeline_summary(ev, 4, 1024)
+    assert s["ctas busy"] == 2 and s["span"] == 2.8 and s["per tile"] == 0.5
+    assert s["header"] == 0.175 and s["first tile arrives"] == 1.0
+    fig = cta_timeline_figure(ev, 4, 1024)
+    by_name = {t.name: t for t in fig.data}
+    # CTA 0: two tiles, so one wait segment between PV(0) issued (1.3 us) and tile 1 (1.5 us)
+    wait = [x for x in by_name["waiting for the next tile"].x if x is not None]
+    assert wait == [1.3, 1.5]
+    epi = [x for x in by_name["last PV + epilogue (output stores)"].x if x is not None]
+    assert epi == [1.85, 2.8, 1.34, 1.99]  # from the last PV issue to each CTA's end
+    assert list(by_name["work's output stored"].x) == [2.5, 1.94]
+    with pytest.raises(ValueError, match="recorded shapes"):
+        cta_timeline_figure(ev, 8, 1024)
+    with pytest.raises(ValueError, match="lack columns"):
+        timeline_summary(ev.drop(columns=["t_ns"]), 4, 1024)
+
+
+def test_timeline_panel_switches_shapes() -> None:
+    from mlalab.widgets.timing import timeline_panel
+
+    ev = _events()
+    ev2 = pd.concat([ev, ev.assign(B=8)])
+    p = timeline_panel(ev2)
+    assert p.shape.value == (4, 1024) and "B4" in p.figure.layout.title.text
+    p.shape.value = (8, 1024)
+    assert "B8" in p.figure.layout.title.text and "per tile" in p.summary.value
+    with pytest.raises(ValueError, match="recorded shapes"):
+        timeline_panel(ev2, shape=(16, 1024))
+
+
+def test_recorded_timeline_file_loads_when_present() -> None:
+    from mlalab.plots.timeline import load_timelines, timeline_summary
+
+    try:
+        ev = load_timelines()
+    except FileNotFoundError:
+        pytest.skip("no recorded timeline in data/profiles")
+    for (b, n), _ in ev.groupby(["B", "L"]):
+        s = timeline_summary(ev, int(b), int(n))
+        assert 0 < s["header"] < s["first tile arrives"] < s["span"]
+
+
+def test_timeline_panel_says_when_nothing_is_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    from mlalab.plots import timeline as T
+    from mlalab.widgets.timing import timeline_panel
+
+    monkeypatch.setattr(T, "PROFILE_DIR", str(tmp_path))
+    p = timeline_panel()
+    assert "no *_timeline.csv" in p.summary.value and not p.figure.data

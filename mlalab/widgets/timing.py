@@ -1,6 +1,7 @@
 """Panels for notebook 04: pick backends, planner, precision, run (or best of all runs) and the bars, bandwidth and
 speedup update (`timing_panel`); pick a shape and see the work map and per-CU load of the plan behind the Triton
-time the view shows (`plan_time_panel`). Every view names the file(s) it read. Live measurement needs a GPU;
+time the view shows (`plan_time_panel`); pick a shape and see stage 1's measured per-CTA timeline
+(`timeline_panel`). Every view names the file(s) it read. Live measurement needs a GPU;
 without one the panels show the recorded H200 data and say so."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from ..plots.timeline import cta_timeline_figure, load_timelines, timeline_summary
 from ..plots.timing import (
     RecordedView,
     bandwidth_figure,
@@ -28,7 +30,7 @@ from ..plots.timing import (
 )
 from ..timing import COMPETITION_SHAPES
 
-__all__ = ["TimingPanel", "timing_panel", "PlanTimePanel", "plan_time_panel"]
+__all__ = ["TimingPanel", "timing_panel", "PlanTimePanel", "plan_time_panel", "TimelinePanel", "timeline_panel"]
 
 
 @dataclass
@@ -193,3 +195,46 @@ def plan_time_panel(
     refresh()
     panel = W.VBox([dd, message, facts, work_map, cu_load])
     return PlanTimePanel(panel, dd, work_map, cu_load, facts, message)
+
+
+@dataclass
+class TimelinePanel:
+    """The per-CTA timeline panel plus handles tests drive: the shape dropdown, the Gantt chart, the summary."""
+
+    panel: W.Widget
+    shape: W.Dropdown
+    figure: go.FigureWidget
+    summary: W.HTML
+
+
+def timeline_panel(events: pd.DataFrame | None = None, shape: tuple[int, int] | None = None) -> TimelinePanel:
+    """Shape dropdown (the shapes the events file recorded) -> the Gantt chart of stage 1 per CTA and a table of
+    where its time goes (`mlalab.plots.timeline`). Default: the newest data/profiles/*_timeline.csv (H200)."""
+    if events is None:
+        try:
+            events = load_timelines()
+        except FileNotFoundError as e:  # a checkout without recorded profiles: say so instead of failing
+            return TimelinePanel(W.HTML(f"<i>{e}</i>"), W.Dropdown(), go.FigureWidget(), W.HTML(f"<i>{e}</i>"))
+    if not isinstance(events, pd.DataFrame):
+        raise TypeError(f"events must be a pandas DataFrame, got {type(events).__name__}")
+    shapes = sorted({(int(b), int(n)) for b, n in zip(events["B"], events["L"])}, key=lambda s: (s[1], s[0]))
+    if not shapes:
+        raise ValueError("the events frame is empty")
+    shape = shapes[0] if shape is None else tuple(shape)
+    if shape not in shapes:
+        raise ValueError(f"shape must be one of the recorded shapes {shapes}, got {shape!r}")
+    dd = W.Dropdown(options=[(f"B{b} × L{n}", (b, n)) for b, n in shapes], value=shape,
+                    description="shape (batch × KV tokens)", style={"description_width": "initial"})  # fmt: skip
+    fig, summary = go.FigureWidget(), W.HTML()
+
+    def refresh(*_: object) -> None:
+        b, n = dd.value
+        _replace(fig, cta_timeline_figure(events, b, n))
+        rows = "".join(f"<tr><td>{k}</td><td>{v:.2f}</td></tr>" for k, v in timeline_summary(events, b, n).items())
+        src = events["run"].iloc[0] if "run" in events.columns else "the given events"
+        summary.value = (f"<b>where stage 1's time goes</b> (µs, medians over busy CTAs; ctas busy is a count; "
+                         f"one stamped launch from {src})<table>{rows}</table>")  # fmt: skip
+
+    dd.observe(refresh, names="value")
+    refresh()
+    return TimelinePanel(W.VBox([dd, summary, fig]), dd, fig, summary)

@@ -1,0 +1,126 @@
+"""The measured per-CTA timeline of the sm_90 stage 1 (`mlalab.splitkv.timeline`) as a Gantt chart: one row per CTA
+(plan slot), time on x, each tile's life split into its phases. Reads the events that `scripts/profile_hopper.py`
+records (data/profiles/*_timeline.csv: B, L, cta, event, index, t_ns) or `CtaTimeline.events()` directly."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pandas as pd
+import plotly.graph_objects as go
+
+__all__ = ["PROFILE_DIR", "load_timelines", "timeline_summary", "cta_timeline_figure", "PHASES"]
+
+PROFILE_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "profiles"
+)
+_COLUMNS = ("B", "L", "cta", "event", "index", "t_ns")
+
+#: (name, from event, to event, colour): the segments drawn per tile. "from tile i" pairs with "to ... i", except
+#: the wait, which runs from PV issue of tile i to the arrival of tile i + 1 (data or compute of the CTA's next tile).
+PHASES = (
+    ("header: plan row, first TMAs issued", "start", "issued", "#bbbbbb"),
+    ("first tile in flight", "issued", "tile0", "#f2c14e"),
+    ("scores (QK) + V", "tile", "qk_done", "#3b7dd8"),
+    ("softmax, P, refill, PV issued", "qk_done", "pv_issued", "#e4572e"),
+    ("waiting for the next tile", "pv_issued", "next_tile", "#f2c14e"),
+    ("last PV + epilogue (output stores)", "pv_issued", "work_done", "#2a9d8f"),
+)
+
+
+def load_timelines(path: str | None = None) -> pd.DataFrame:
+    """The newest ``*_timeline.csv`` in data/profiles (or `path`), with its file name in column ``run``."""
+    if path is None:
+        files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_timeline.csv")))
+        if not files:
+            raise FileNotFoundError(f"no *_timeline.csv in {PROFILE_DIR} (record one with scripts/profile_hopper.py)")
+        path = files[-1]
+    df = pd.read_csv(path)
+    missing = [c for c in _COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path} is not a timeline events file: missing columns {missing}")
+    return df.assign(run=os.path.basename(path))
+
+
+def _shape(events: pd.DataFrame, batch: int, kv_len: int) -> pd.DataFrame:
+    if not isinstance(events, pd.DataFrame):
+        raise TypeError(f"events must be a pandas DataFrame, got {type(events).__name__}")
+    missing = [c for c in _COLUMNS if c not in events.columns]
+    if missing:
+        raise ValueError(f"events lack columns {missing}")
+    d = events[(events["B"] == batch) & (events["L"] == kv_len)]
+    if d.empty:
+        have = sorted({(int(b), int(n)) for b, n in zip(events["B"], events["L"])})
+        raise ValueError(f"no timeline for B{batch} x L{kv_len}; recorded shapes: {have}")
+    return d
+
+
+def timeline_summary(events: pd.DataFrame, batch: int, kv_len: int) -> dict[str, float]:
+    """Where stage 1's time goes at one shape (µs, medians over the CTAs that streamed tiles)."""
+    d = _shape(events, batch, kv_len)
+    piv = {e: g.set_index(["cta", "index"])["t_ns"] for e, g in d.groupby("event")}
+    tiles = piv["tile"]
+    busy = sorted(set(tiles.index.get_level_values(0)))
+    start = piv["start"].droplevel(1)
+    end = piv["end"].droplevel(1)
+    first = tiles.xs(0, level=1)
+    gaps = tiles.groupby(level=0).diff().dropna()
+    qk = (piv["qk_done"] - tiles).dropna()
+    soft = (piv["pv_issued"] - piv["qk_done"]).dropna()
+    last = tiles.groupby(level=0).max()
+    return {
+        "ctas busy": float(len(busy)),
+        "span": float(end.max() - start.min()) / 1e3,
+        "header": float((piv["issued"].droplevel(1) - start)[busy].median()) / 1e3,
+        "first tile arrives": float((first - start[first.index]).median()) / 1e3,
+        "per tile": float(gaps.median()) / 1e3 if len(gaps) else float("nan"),
+        "  scores (QK) + V": float(qk.median()) / 1e3,
+        "  softmax .. PV issued": float(soft.median()) / 1e3,
+        "last tile to end": float((end[last.index] - last).median()) / 1e3,
+        "spread of the CTA ends": float(end[busy].max() - end[busy].min()) / 1e3,
+    }
+
+
+def cta_timeline_figure(events: pd.DataFrame, batch: int, kv_len: int, *, title: str | None = None) -> go.Figure:
+    """Gantt chart of one shape's stage-1 launch: y = CTA (plan slot), x = µs from the first CTA's start."""
+    d = _shape(events, batch, kv_len)
+    segs: dict[str, tuple[list[float | None], list[float | None]]] = {p[0]: ([], []) for p in PHASES}
+
+    def seg(name: str, cta: int, t0: float, t1: float) -> None:
+        xs, ys = segs[name]
+        xs += [t0 / 1e3, t1 / 1e3, None]
+        ys += [cta, cta, None]
+
+    for cta, g in d.groupby("cta"):
+        ev = {e: dict(zip(h["index"], h["t_ns"])) for e, h in g.groupby("event")}
+        tiles = ev.get("tile", {})
+        n = len(tiles)
+        seg(PHASES[0][0], cta, ev["start"][0], ev["issued"][0])
+        if n:
+            seg(PHASES[1][0], cta, ev["issued"][0], tiles[0])
+        for i in range(n):
+            seg(PHASES[2][0], cta, tiles[i], ev["qk_done"][i])
+            seg(PHASES[3][0], cta, ev["qk_done"][i], ev["pv_issued"][i])
+            if i + 1 < n:
+                seg(PHASES[4][0], cta, ev["pv_issued"][i], tiles[i + 1])
+        if n:
+            seg(PHASES[5][0], cta, ev["pv_issued"][n - 1], ev["end"][0])
+    fig = go.Figure()
+    for name, _a, _b, colour in PHASES:
+        xs, ys = segs[name]
+        if xs:
+            fig.add_trace(go.Scattergl(x=xs, y=ys, mode="lines", name=name, line={"color": colour, "width": 4}))
+    done = d[d["event"] == "work_done"]
+    fig.add_trace(go.Scattergl(x=done["t_ns"] / 1e3, y=done["cta"], mode="markers", name="work's output stored",
+                               marker={"symbol": "line-ns-open", "size": 9, "color": "black"}))  # fmt: skip
+    run = f" ({d['run'].iloc[0]})" if "run" in d.columns else ""
+    fig.update_layout(
+        title=title or f"stage 1 per CTA, B{batch} × L{kv_len}: measured on the H200{run}",
+        xaxis_title="µs from the first CTA's start (one launch, not graph-timed)",
+        yaxis_title="CTA (plan slot)",
+        yaxis={"autorange": "reversed"},
+        height=520,
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
