@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["CtaTimeline", "timeline_from_stamps", "measure_clock_ghz"]
+__all__ = ["CtaTimeline", "timeline_from_stamps", "measure_clock_ghz", "main"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,36 @@ def measure_clock_ghz(device: torch.device | str = "cuda", spin_ns: int = 200_00
     _spin[(1,)](out, SPIN_NS=spin_ns, num_warps=1)
     ns, cycles = (int(v) for v in out.cpu())
     return cycles / ns
+
+
+def main() -> None:
+    """Demo: on an sm_90 GPU, stamp one stage-1 launch of a ragged batch and print where its time goes; elsewhere,
+    print the same summary from the recorded H200 file (data/profiles/*_timeline.csv)."""
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        from ..config import DecodeCase
+        from ..inputs import make_inputs, ragged_kv_lens
+        from .planners import make_plan
+        from .triton_mla import KernelConfig, TritonDecoder, prepare
+
+        x = make_inputs(DecodeCase(kv_lens=ragged_kv_lens(32, 4096, seed=0), seed=1)).to("cuda")
+        n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+        dec = TritonDecoder(prepare(x, "a8w8"), make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), n_sm),
+                            config=KernelConfig(kernel="hopper"))  # fmt: skip
+        for _ in range(3):
+            dec()
+        tl = dec.stage1_timeline()
+        print(f"measured now ({torch.cuda.get_device_name()}, {tl.kernel}, SM clock {tl.clock_ghz:.2f} GHz):")
+        for k, v in tl.summary().items():
+            print(f"  {k:>22}: {v:,.0f}")
+        return
+    from ..plots.timeline import load_timelines, timeline_summary
+
+    ev = load_timelines()
+    print(f"no sm_90 GPU here: the recorded H200 timeline {ev['run'].iloc[0]} (µs):")
+    for (b, n), _ in ev.groupby(["B", "L"]):
+        s = timeline_summary(ev, int(b), int(n))
+        print(f"  B{b:>3} x L{n:<5} " + ", ".join(f"{k.strip()} {v:.2f}" for k, v in s.items()))
+
+
+if __name__ == "__main__":
+    main()
