@@ -108,13 +108,13 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
         "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
-        "          r.sass.get('LDS.128', 0), r.sass.get('STS.128', 0))\n"
+        "          r.sass.get('LDS.128', 0), r.sass.get('STS.128', 0), r.sass.get('STG.E.64', 0))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
     assert len(rows) == 6, r.stdout
-    for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts in rows:
+    for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts, stg64 in rows:
         assert int(regs) <= 255 and int(stack) == 0, r.stdout  # nothing in local memory
         assert local == "0", r.stdout  # no local loads/stores, no byte-wise shared loads
         assert int(shared) <= 227 * 1024, r.stdout  # what one CTA may take on sm_90
@@ -124,9 +124,31 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
         if variant == "vt-smem":
             assert conflicts == "0,0" and int(sts) >= 16, r.stdout  # the transpose: 16-byte stores, no conflicts
         else:
-            # V goes to registers: no transposing stores (vt-smem has 32 more); what is left is the Pᵀ tile and the
-            # fp32 epilogue's conversion (16 x 16 bytes per thread, inside each warp)
+            # V goes to registers: no transposing stores (vt-smem has 32 more); what is left is the Pᵀ tile
             assert conflicts == "0" and int(sts) < 32, r.stdout
+        # the fp32 partial leaves the accumulator as 32 8-byte stores per thread (head-minor, no conversion)
+        assert int(stg64) >= 32, r.stdout
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+def test_partial_row_bits_match_the_epilogue_relabellings() -> None:
+    """The head-minor partial store puts accumulator row m at value dim d by bit maps (`VT_ROW_BITS`,
+    `VREGS_ROW_BITS`); the bf16 epilogues undo the same row orders π by register relabellings (reshape + permute).
+    Both must agree, or a split request's partials land in the wrong dims."""
+    from mlalab.splitkv.gluon_hopper_vreg import VREGS_ROW_BITS, VT_ROW_BITS
+
+    def by_bits(bits: tuple[int, ...]) -> list[int]:
+        return [sum(((m >> i) & 1) << b for i, b in enumerate(bits)) for m in range(512)]
+
+    # natural dim d of the relabelled tensor holds accumulator row m_of_d[d] (the kernels' reshape + permute)
+    for bits, m_of_d in (
+        (VT_ROW_BITS.value, torch.arange(512).reshape(4, 8, 2, 8).permute(0, 3, 2, 1).reshape(512)),
+        (VREGS_ROW_BITS.value, torch.arange(512).reshape(8, 4, 2, 4, 2).permute(1, 4, 3, 0, 2).reshape(512)),
+    ):
+        d_of_m = torch.empty(512, dtype=torch.long)
+        d_of_m[m_of_d] = torch.arange(512)
+        assert sorted(bits) == list(range(9))
+        assert by_bits(bits) == d_of_m.tolist()
 
 
 def test_cta_info_rows_and_variant_choice() -> None:

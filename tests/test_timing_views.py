@@ -43,7 +43,7 @@ from mlalab.traffic import decode_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
-RUN4 = "h200_2026-12-02_run4.csv"  # the newest full run: the default view
+RUN7 = "h200_2026-12-03_run7.csv"  # the newest full run: the default view
 
 
 def test_readme_numbers_are_what_the_default_views_show() -> None:
@@ -55,7 +55,7 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     )
     assert m and m2, "README headline sentence not found"
     h = headline(load_recorded())
-    assert h["files"] == (RUN4,) and RUN4 in text
+    assert h["files"] == (RUN7,) and RUN7 in text
     assert f"{h['geomean_us']:.1f}" == m.group(1) and f"{h['ratio']:.2f}" == m.group(2)
     assert f"{h['peer_geomean_us']:.1f}" == m.group(3)
     assert f"{h['pct_copy_at_shape']:.0f}" == m2.group(1) and f"{h['us_at_shape']:.1f}" == m2.group(2)
@@ -63,9 +63,9 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     # the default figure, the report and the plan panel's record show the same row at B128 x L8192
     bars = bars_per_shape(load_recorded(), [("triton", "a8w8")])
     y = dict(zip(bars.data[0].x, bars.data[0].y))
-    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN4 in bars.layout.title.text
+    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN7 in bars.layout.title.text
     s = section_timings(ReportOptions())
-    assert s.unavailable is None and RUN4 in s.description
+    assert s.unavailable is None and RUN7 in s.description
     ry = dict(zip(s.figures[0].data[0].x, s.figures[0].data[0].y))
     assert ry == y
     assert f"{record_for_shape(load_recorded(), 128, 8192)['us_median']:.1f}" == m2.group(2)
@@ -73,9 +73,9 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
 
 def test_default_view_is_one_run_one_config_per_shape() -> None:
     df = load_recorded()
-    assert default_run(df) == RUN4  # newest full suite run; sweeps and dev runs have no default Triton rows
+    assert default_run(df) == RUN7  # newest full suite run; sweeps and dev runs have no default Triton rows
     v = recorded_view(df)
-    assert v.files == (RUN4,) and not v.best_of_all and (v.rows["run"] == RUN4).all()
+    assert v.files == (RUN7,) and not v.best_of_all and (v.rows["run"] == RUN7).all()
     assert not v.rows.duplicated(["backend", "precision", "batch", "kv_len"]).any()
     tri = v.rows[(v.rows["backend"] == "triton") & (v.rows["precision"] == "a8w8")]
     assert sorted(zip(tri["batch"], tri["kv_len"])) == sorted(COMPETITION_SHAPES)

@@ -367,9 +367,11 @@ _REDUCE = textwrap.dedent(
     split = torch.tensor([0, 1], dtype=torch.int32)
     out = torch.full((3, H, DV), 7.0)
     lse = torch.full((3, H), 7.0)
-    K.reduce_kernel[(2, H, DV // 128)](part_o, part_lse, indptr, final_map, pmap, split, out, lse,
-                                       out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_DV=128, BLOCK_P=32,
-                                       USE_PDL=False, CHAIN=False, num_warps=1)
+    head_minor = {head_minor}
+    stored = part_o.transpose(1, 2).contiguous() if head_minor else part_o  # (P, DV, H): the sm_90 stage 1's
+    K.reduce_kernel[(2, DV // 16)](stored, part_lse, indptr, final_map, pmap, split, out, lse,
+                                   out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_DV=16, BLOCK_P=32,
+                                   HEAD_MINOR=head_minor, USE_PDL=False, CHAIN=False, num_warps=4)
     ref_o, ref_l = torch.zeros(3, H, DV, dtype=torch.float64), torch.full((3, H), float("-inf"), dtype=torch.float64)
     for t, (c, r) in enumerate(zip(counts, rows)):
         first = torch.tensor(part_first[int(indptr[t]):int(indptr[t + 1])])
@@ -390,13 +392,13 @@ _REDUCE = textwrap.dedent(
 )
 
 
-def test_interpreter_reduce_many_partials_and_empty_ones() -> None:
-    """The reduce alone: >32 partials (two block loads merged online), -inf partials, a 2-row tile, an all-empty
-    tile; vs a float64 logsumexp merge."""
+@pytest.mark.parametrize("head_minor", [False, True], ids=["head-major", "head-minor"])
+def test_interpreter_reduce_many_partials_and_empty_ones(head_minor: bool) -> None:
+    """The reduce alone, for both partial layouts (portable stage 1: (P, H, DV); sm_90: (P, DV, H)): >32 partials
+    (two block loads merged online), -inf partials, a 2-row tile, an all-empty tile; vs a float64 logsumexp merge."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run(
-        [sys.executable, "-c", _REDUCE.format(root=ROOT)], env=env, capture_output=True, text=True, timeout=600
-    )
+    code = _REDUCE.format(root=ROOT, head_minor=head_minor)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     err = float(r.stdout.strip().splitlines()[-1].split()[1])
     assert err <= 1e-6, r.stdout

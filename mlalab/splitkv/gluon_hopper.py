@@ -26,17 +26,20 @@ tile start rows once per plan: `tile_rows`). Per tile: wait for its TMA barrier 
 per work) → P (rounded to the KV's fp8 type, aiter's a8w8 numerics) to shared memory → fence + barrier →
 refill this stage with the tile ``NUM_STAGES`` ahead → rescale Oᵀ → issue PV (async; it overlaps the next
 tile's wait and QK). Vᵀ and Pᵀ are double-buffered so PV(i) never races the writes of tile i+1.
-Each work ends like the portable kernel's: final bf16 output + LSE when the request is whole, else an fp32
-partial + natural-log LSE for the reduce (`triton_decode.reduce_kernel`, the same WorkPlan contract). The epilogue
-un-permutes the rows (a relabelling of register dims) and converts 128-dim chunks so that each warp stores 512
-contiguous bytes: writing straight from the wgmma layout scattered 4-byte stores and cost 1.5–5 µs per call
-(measured, data/timings/h200_2026-12-02_hopper_dev3 vs dev5). With ``LAUNCH_DEPENDENTS`` every CTA signals at once
-that the reduce (launched as a programmatic dependent) may start; the reduce waits for this grid's writes.
+Each work ends like the portable kernel's: final bf16 output + LSE when the request is whole, else an fp32 partial +
+natural-log LSE for the reduce (`triton_decode.reduce_kernel`, the same WorkPlan contract). The final output is
+un-permuted (a relabelling of register dims) and converted in 128-dim chunks so that each warp stores 512 contiguous
+bytes (writing it straight from the wgmma layout scattered 4-byte stores: 1.5–5 µs per call, data/timings/
+h200_2026-12-02_hopper_dev3 vs dev5). Partials are ours alone (only the reduce reads them), so they are stored
+*head-minor*, (rows, 512, 16), straight from the accumulator: 8-byte stores that fill whole sectors, no conversion
+(`_store_partial_head_minor`; the v-regs epilogue got 170 ns shorter, the vt-smem one 20 ns). With
+``LAUNCH_DEPENDENTS`` every CTA signals at once that the reduce (launched as a programmatic dependent) may start; the
+reduce waits for this grid's writes.
 
-Measured on the H200 (data/timings/h200_2026-12-02_run4.csv): 0.82x FlashMLA fp8's geomean over the 12
-competition shapes, 89 % of the copy bandwidth at batch 128 × 8192. A CTA spends ~1.3–1.5 µs per tile
-(data/profiles/): one warpgroup serialises QK → softmax → PV, so at small batch the per-tile chain, not bytes, sets
-the time.
+Measured on the H200 (data/timings/h200_2026-12-03_run7.csv): 0.76x FlashMLA fp8's geomean over the 12 competition
+shapes, 94 % of the copy bandwidth at batch 128 × 8192. A CTA spends ~1.15 µs per tile on this path, 0.97 on
+v-regs (data/profiles/h200_2026-12-03_profile.csv): one warpgroup serialises QK → softmax → PV, and at small batch
+the fixed chain (header, first tile, epilogue, reduce), not bytes, sets the time.
 
 A sibling, `gluon_hopper_vreg`, feeds V to the PV wgmma from registers instead of a Vᵀ buffer; it is faster on long
 tile streams and `TritonDecoder` picks between the two per plan (`KernelConfig.hopper_variant`).
@@ -60,7 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gluon_hopper_vreg import _p_operand, _pv_operand, _store_work_vregs
+from .gluon_hopper_vreg import VT_ROW_BITS, _p_operand, _pv_operand, _store_partial_head_minor, _store_work_vregs
 
 __all__ = ["BLOCK_N", "stage1_kernel", "make_descriptors", "TensorDescriptor"]
 
@@ -158,17 +161,17 @@ def _store_work_vt(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, parti
     l_safe = gl.where(has, l, 1.0)
     lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     o = o * (v_scale / l_safe)[None, :]
-    # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows
-    # [128·c, 128·c + 128) are dims [128·c, 128·c + 128) for each chunk c (its bits are register bits: split is free)
-    o = o.reshape([4, 8, 2, 8, NQ]).permute([0, 3, 2, 1, 4]).reshape([4, 128, NQ]).permute([1, 2, 0])
-    even, odd = gl.split(o.reshape([128, NQ, 2, 2]))  # chunk c = 2·a + b: split takes b (the last axis) first
-    o0, o2 = gl.split(even)
-    o1, o3 = gl.split(odd)
-    n_valid = H  # one q row of 16 heads per work (NQ == H): every column is valid
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
+        # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows
+        # [128·c, 128·c + 128) are dims [128·c, 128·c + 128) for each chunk c (register bits: split is free)
+        o_nat = o.reshape([4, 8, 2, 8, NQ]).permute([0, 3, 2, 1, 4]).reshape([4, 128, NQ]).permute([1, 2, 0])
+        even, odd = gl.split(o_nat.reshape([128, NQ, 2, 2]))  # chunk c = 2·a + b: split takes b (the last axis) first
+        o0, o2 = gl.split(even)
+        o1, o3 = gl.split(odd)
+        n_valid = H  # one q row of 16 heads per work (NQ == H): every column is valid
         _store_rows(o0, o1, o2, o3, lse, OUT, OUT_LSE, qo_start.to(gl.int64) * H, n_valid, D_NOPE, NQ)
-    else:  # one split of it: fp32 partial at the plan's partial rows
-        _store_rows(o0, o1, o2, o3, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, n_valid, D_NOPE, NQ)
+    else:  # one split of it: fp32 partial at the plan's partial row, head-minor, straight from the accumulator
+        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, VT_ROW_BITS, D_NOPE, NQ)
 
 
 @gluon.jit

@@ -10,7 +10,8 @@ layout whose lane and warp bits are those of the wgmma A-operand fragment of V�
 relabelled (`_V_REGS`, `_pv_operand`), so the operand is built by byte permutes inside each thread's registers
 (``PRMT``) and no Vᵀ is ever stored. Shared memory: 94 KB at 2 stages, 131 KB at 3. Row m of Oᵀ holds value dim
 π(m) and column k of Vᵀ/Pᵀ token σ(k) (bit permutations chosen for the conflict-free loads); the epilogue undoes π
-with a register renaming and stores 16 consecutive dims per thread.
+with a register renaming and stores 16 consecutive dims per thread (partials: head-minor from the accumulator,
+`_store_partial_head_minor`).
 
 The price: ptxas serialises every wgmma of the kernel when the PV of the previous tile is waited for with a
 partial ``wait_group`` after the next QK is issued (warning C7514), and waiting for both after the V load spills;
@@ -55,11 +56,11 @@ _O_STORE = gl.DistributedLinearLayout(
     shape=[512, 16],
 )
 
-#: Oᵀ for the fp32 partials: 4 consecutive dims per thread, a warp's lanes 128 consecutive dims of one head (each
-#: store instruction writes 512 contiguous bytes), the warps the same 128-dim quarters as the accumulator (so the
-#: conversion stays inside each warp). `_O_STORE`'s 16-byte pieces 64 bytes apart half-fill each 32-byte sector:
-#: with fp32 that epilogue took ~2.2 µs per work on the H200 (timeline, 16 x 8192) against ~0.9 µs for bf16.
-_O_STORE_F32 = gl.BlockedLayout([4, 1], [32, 1], [4, 1], [0, 1])
+#: Row m of the Oᵀ accumulator holds value dim d: bit i of m is bit ``ROW_BITS[i]`` of d (the π of each path, as the
+#: epilogues' register relabellings undo it): v-regs (`_pv_operand`) and vt-smem (bits 0-2 and 4-6 swapped,
+#: `gluon_hopper._load_v`). `tests/test_hopper_layouts.py` checks both against those relabellings.
+VREGS_ROW_BITS = gl.constexpr((6, 4, 5, 0, 7, 8, 1, 2, 3))
+VT_ROW_BITS = gl.constexpr((4, 5, 6, 3, 0, 1, 2, 7, 8))
 
 
 @gluon.jit
@@ -68,7 +69,7 @@ def _pv_operand(kn, start, kv_end, DOT_A: gl.constexpr, MASK_TAIL: gl.constexpr,
 
     Loaded in `_V_REGS`, then relabelled: row m holds value dim ``d = π(m)`` and column k token ``t = σ(k)``, with
     ``π: m0..m8 -> d6 d4 d5 d0 d7 d8 d1 d2 d3`` and ``σ`` swapping token bits (0, 1) with (2, 3). Pᵀ uses the same
-    token order σ (`_p_operand`) and the epilogue undoes π (`_store_work`). ``MASK_TAIL`` (paged caches): tokens
+    token order σ (`_p_operand`) and the epilogue undoes π (`_store_work_vregs`). ``MASK_TAIL`` (paged caches): tokens
     past the work's end are zeroed, since a page's unused slots may hold anything and 0 · NaN would poison Oᵀ."""
     v = kn.load(_V_REGS)
     if REPORT:  # compile-time count for `sm90_build` (printed by the compiler, not at run time)
@@ -97,20 +98,32 @@ def _store_work_vregs(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, pa
     l_safe = gl.where(has, l, 1.0)
     lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     o = o * (v_scale / l_safe)[None, :]
-    # row m of Oᵀ holds value dim π(m): relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E)
-    o = o.reshape([8, 4, 2, 4, 2, NQ]).permute([1, 4, 3, 0, 2, 5]).reshape([D_NOPE, NQ])
-    offs_l = gl.arange(0, NQ, layout=lse.type.layout)
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
-        ob = gl.convert_layout(o, _O_STORE)
+        # row m of Oᵀ holds value dim π(m): relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E)
+        o_nat = o.reshape([8, 4, 2, 4, 2, NQ]).permute([1, 4, 3, 0, 2, 5]).reshape([D_NOPE, NQ])
+        ob = gl.convert_layout(o_nat, _O_STORE)
         offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, _O_STORE))
         offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, _O_STORE))
         base = qo_start.to(gl.int64) * H
         gl.store(OUT + (base + offs_n[None, :]) * D_NOPE + offs_d[:, None], ob.to(OUT.dtype.element_ty))
-        gl.store(OUT_LSE + base + offs_l, lse)
-    else:  # one split of it: fp32 partial at the plan's partial row
-        of = gl.convert_layout(o, _O_STORE_F32)
-        offs_df = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, _O_STORE_F32))
-        offs_nf = gl.arange(0, NQ, layout=gl.SliceLayout(0, _O_STORE_F32))
-        base = partial_loc.to(gl.int64) * H
-        gl.store(PART_O + (base + offs_nf[None, :]) * D_NOPE + offs_df[:, None], of)
-        gl.store(PART_LSE + base + offs_l, lse)
+        gl.store(OUT_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)
+    else:  # one split of it: fp32 partial at the plan's partial row, head-minor
+        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, VREGS_ROW_BITS, D_NOPE, NQ)
+
+
+@gluon.jit
+def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.constexpr, D_NOPE: gl.constexpr,
+                              NQ: gl.constexpr):  # fmt: skip
+    """An fp32 partial stored head-minor, rows ``base .. base + NQ`` of PART_LSE and element (d, n) of the partial
+    at ``PART_O[base·D_NOPE + d·NQ + n]`` ((rows, 512, 16), what the reduce reads with ``HEAD_MINOR``), straight
+    from the wgmma accumulator: a thread holds 2 adjacent heads of a row (one 8-byte store) and a warp instruction
+    fills 8 whole 32-byte sectors, so no layout conversion and no shared-memory round trip. Row m goes to the
+    value dim whose bits `ROW_BITS` gives."""
+    L: gl.constexpr = o.type.layout
+    offs_m = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, L))
+    d = gl.zeros_like(offs_m)
+    for i in gl.static_range(9):
+        d = d | (((offs_m >> i) & 1) << ROW_BITS[i])
+    offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, L))
+    gl.store(PART_O + base * D_NOPE + d[:, None] * NQ + offs_n[None, :], o)
+    gl.store(PART_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)

@@ -50,6 +50,7 @@ class CtaTimeline:
         first = np.array([self.tile_ready_ns[c][0] - self.start_ns[c] for c in busy])
         gaps = np.concatenate([np.diff(self.tile_ready_ns[c]) for c in busy])
         last_tile_to_end = np.array([self.end_ns[c] - self.tile_ready_ns[c][-1] for c in busy])
+        last_pv_to_end = np.array([self.end_ns[c] - self.pv_issued_ns[c][-1] for c in busy])
         return {
             "ctas_busy": float(len(busy)),
             "span_ns": float(self.end_ns.max() - self.start_ns.min()),
@@ -62,6 +63,7 @@ class CtaTimeline:
                 np.median(np.concatenate([self.pv_issued_ns[c] - self.qk_done_ns[c] for c in busy]))
             ),
             "last_tile_to_end_ns": float(np.median(last_tile_to_end)),
+            "epilogue_ns": float(np.median(last_pv_to_end)),  # last PV issued -> outputs stored (PV wait included)
             "end_spread_ns": float(self.end_ns[busy].max() - self.end_ns[busy].min()),
         }
 

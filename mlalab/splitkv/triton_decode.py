@@ -16,7 +16,8 @@ output plus its natural-log LSE at partial row ``partial_qo_loc + (i - qo_start)
 
 Reduce (``_reduce_kernel``): for each reduce tile with >= 2 partials, ``o = Σ_i exp(L_i - M) O_i / Σ_i exp(L_i - M)``
 with ``M = max_i L_i`` (natural log), cast to the output dtype; tiles with one partial are skipped (the
-stage-1 work already wrote the output), exactly aiter's ``mla_reduce_v1`` contract.
+stage-1 work already wrote the output), exactly aiter's ``mla_reduce_v1`` contract. The partials are read (P, H, DV) as the
+portable stage 1 writes them, or (P, DV, H) (``HEAD_MINOR``) as the sm_90 one does.
 
 Precision variants (the dtype of q and of the KV buffer decide; scales are per tensor):
 
@@ -442,7 +443,7 @@ def _stage1_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    PART_O,  # (P, H, DV) fp32
+    PART_O,  # fp32 partial outputs: (P, H, DV), or (P, DV, H) with HEAD_MINOR (the sm_90 stage 1's layout)
     PART_LSE,  # (P, H) fp32
     REDUCE_INDPTR,  # (T + 1,) int32
     REDUCE_FINAL_MAP,  # (T, 2) int32: q rows [q_start, q_end) of tile t
@@ -456,24 +457,29 @@ def _reduce_kernel(
     DV: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    HEAD_MINOR: tl.constexpr,
     USE_PDL: tl.constexpr,
     CHAIN: tl.constexpr,  # the next stage 1 is a programmatic dependent too: let it launch once we have waited
 ):
-    # Grid (split tiles, H, DV // BLOCK_DV), one warp each: a small batch has few tiles with many partials, so every
-    # (tile, head, value slice) is its own program, and it reads BLOCK_P partials' slices in ONE block load
+    # Grid (split tiles, DV // BLOCK_DV): a small batch has few tiles with many partials, so each (tile, value
+    # slice) is its own program, all 16 heads together, and it reads BLOCK_P partials' slices in ONE block load
     # (their latencies overlap; the sum over partials stays inside each thread's registers). Tiles with one partial
     # (stage 1 wrote their output) get no program at all: the host lists the split ones once per plan.
     # Everything that comes from the plan (not from stage 1) is loaded BEFORE the PDL wait, so after it only one
     # round trip remains: each block's LSEs and partial outputs are loaded together and merged online.
     t = tl.load(SPLIT_TILES + tl.program_id(0))
-    h = tl.program_id(1)
-    pid_d = tl.program_id(2)
     s = tl.load(REDUCE_INDPTR + t)
     n = tl.load(REDUCE_INDPTR + t + 1) - s
     q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
     q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
     offs_p = tl.arange(0, BLOCK_P)
-    offs_d = pid_d * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    offs_h = tl.arange(0, H)
+    # element (d, h) of one partial row: where the chosen layout keeps it
+    if HEAD_MINOR:
+        offs_dh = offs_d[:, None] * H + offs_h[None, :]
+    else:
+        offs_dh = offs_h[None, :] * DV + offs_d[:, None]
     pm0 = offs_p < n
     prow0 = tl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm0, other=0)  # first block's partial rows (q row 0)
     if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
@@ -482,30 +488,33 @@ def _reduce_kernel(
             gdc_launch_dependents()
     for r in range(q_start, q_end):
         u = r - q_start
-        m, acc, wsum = _merge_block(PART_O, PART_LSE, (prow0 + u).to(tl.int64), pm0, h, offs_d,
-                                    float("-inf"), tl.zeros([BLOCK_DV], tl.float32), 0.0, H, DV)  # fmt: skip
+        m, acc, wsum = _merge_block(PART_O, PART_LSE, (prow0 + u).to(tl.int64), pm0, offs_h, offs_dh,
+                                    tl.full([H], float("-inf"), tl.float32), tl.zeros([BLOCK_DV, H], tl.float32),
+                                    tl.zeros([H], tl.float32), H, DV)  # fmt: skip
         for p0 in range(BLOCK_P, n, BLOCK_P):  # more than BLOCK_P partials: further blocks, same online merge
             pm = p0 + offs_p < n
             prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
-            m, acc, wsum = _merge_block(PART_O, PART_LSE, prow, pm, h, offs_d, m, acc, wsum, H, DV)
+            m, acc, wsum = _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H, DV)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         w_safe = tl.where(wsum > 0.0, wsum, 1.0)
-        tl.store(OUT + r * stride_ot + h * stride_oh + offs_d, (acc / w_safe).to(OUT.dtype.element_ty))
-        if pid_d == 0:
-            tl.store(OUT_LSE + r * H + h, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
+        o = (acc / w_safe[None, :]).to(OUT.dtype.element_ty)
+        tl.store(OUT + r * stride_ot + offs_h[None, :] * stride_oh + offs_d[:, None], o)
+        if tl.program_id(1) == 0:
+            tl.store(OUT_LSE + r * H + offs_h, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
 
 
 @triton.jit
-def _merge_block(PART_O, PART_LSE, prow, pm, h, offs_d, m, acc, wsum, H: tl.constexpr, DV: tl.constexpr):
-    """Fold one block of partials (rows `prow`, valid where `pm`) into the running (max LSE m, Σ w·o, Σ w), with
-    the weights exp(L_i - m) <= 1 (no overflow). An all -inf state (only empty partials) stays exactly 0."""
-    lp = tl.load(PART_LSE + prow * H + h, mask=pm, other=float("-inf"))
-    o_p = tl.load(PART_O + prow[:, None] * (H * DV) + h * DV + offs_d[None, :], mask=pm[:, None], other=0.0)
+def _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H: tl.constexpr, DV: tl.constexpr):
+    """Fold one block of partials (rows `prow`, valid where `pm`) into the running per-head state (max LSE m,
+    Σ w·o over a (BLOCK_DV, H) slice, Σ w), with the weights exp(L_i - m) <= 1 (no overflow). A head whose
+    partials are all empty (-inf) keeps m = -inf and exactly 0 in acc and wsum."""
+    lp = tl.load(PART_LSE + prow[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"))  # (P, H)
+    o_p = tl.load(PART_O + prow[:, None, None] * (H * DV) + offs_dh[None, :, :], mask=pm[:, None, None], other=0.0)
     m_new = tl.maximum(m, tl.max(lp, 0))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     corr = tl.exp(m - m_safe)  # 0 while m is -inf
-    wgt = tl.where(pm, tl.exp(lp - m_safe), 0.0)
-    acc = acc * corr + tl.sum(wgt[:, None] * o_p, 0)
+    wgt = tl.where(pm[:, None], tl.exp(lp - m_safe[None, :]), 0.0)  # (P, H)
+    acc = acc * corr[None, :] + tl.sum(wgt[:, None, :] * o_p, 0)
     wsum = wsum * corr + tl.sum(wgt, 0)
     return m_new, acc, wsum
 

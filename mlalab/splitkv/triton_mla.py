@@ -372,13 +372,21 @@ class TritonDecoder:
         n_part = max(1, plan.n_partial_rows)
         self.out = torch.empty((total_q, H, MLA.v_dim), dtype=out_dtype, device=dev)
         self.lse = torch.empty((total_q, H), dtype=torch.float32, device=dev)
-        self.part_o = torch.empty((n_part, H, MLA.v_dim), dtype=torch.float32, device=dev)
+        #: the sm_90 stage 1 stores its fp32 partials head-minor, (rows, 512, 16), straight from the wgmma accumulator
+        #: (the portable one head-major, (rows, 16, 512)); the reduce reads either
+        self.part_head_minor = self.kernel == "hopper"
+        shape = (n_part, MLA.v_dim, H) if self.part_head_minor else (n_part, H, MLA.v_dim)
+        self.part_o = torch.empty(shape, dtype=torch.float32, device=dev)
         self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
         self.n_cu = int(plan.work_indptr.numel() - 1)
         self.n_tiles = int(plan.reduce_indptr.numel() - 1)
-        # partials read per block load in the reduce: all of a tile's (up to 32: 128 fp32 registers per lane)
+        # partials read per block load in the reduce: all of a tile's, up to 32. Each program merges a value slice
+        # of BLOCK_DV dims x 16 heads: one warp of 32-64 fp32 per thread when a tile has >= 16 partials, else two
+        # warps of 16 (scripts/reduce_sweep.py, H200: 4 x 1024 took 6.7 us this way against 8.8 with 4 warps of 64)
         counts = (plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).cpu()
         self.reduce_block_p = min(32, triton.next_power_of_2(max(2, int(counts.max()) if self.n_tiles else 1)))
+        self.reduce_block_dv = max(4, 64 // self.reduce_block_p)
+        self.reduce_warps = 1 if self.reduce_block_p >= 16 else 2
         #: the reduce tiles with >= 2 partials: the reduce's grid (none: no reduce launch at all)
         self.split_tiles = torch.nonzero(counts >= 2).flatten().to(device=dev, dtype=torch.int32)
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
@@ -421,18 +429,21 @@ class TritonDecoder:
         plan, H, DV = self.plan, MLA.num_heads, MLA.v_dim
         if self.split_tiles.numel():
             pdl = {"launch_pdl": True} if self.use_pdl else {}
-            self.K.reduce_kernel[(self.split_tiles.numel(), H, DV // 128)](
+            self.K.reduce_kernel[(self.split_tiles.numel(), DV // self.reduce_block_dv)](
                 self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
                 self.split_tiles, self.out, self.lse, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, BLOCK_DV=128, BLOCK_P=self.reduce_block_p, USE_PDL=self.use_pdl, CHAIN=self.pdl_chain,
-                num_warps=1, **pdl,
+                H=H, DV=DV, BLOCK_DV=self.reduce_block_dv, BLOCK_P=self.reduce_block_p, HEAD_MINOR=self.part_head_minor,
+                USE_PDL=self.use_pdl, CHAIN=self.pdl_chain, num_warps=self.reduce_warps, **pdl,
             )  # fmt: skip
 
-    def stage1_timeline(self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None) -> CtaTimeline:
+    def stage1_timeline(self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None, *,
+                        cold_l2: bool = True) -> CtaTimeline:  # fmt: skip
         """Run stage 1 once with per-CTA time stamps and return when each CTA did what (`timeline.CtaTimeline`).
 
         GPU and the sm_90 kernels only. Run the decoder a few times first: the first launch compiles. The reduce is
-        not run (the timeline is stage 1's), so `out` holds only the unsplit requests afterwards."""
+        not run (the timeline is stage 1's), so `out` holds only the unsplit requests afterwards. `cold_l2`
+        (default): read twice the L2 of other data first, so the KV comes from HBM as in the timed calls (which rotate KV
+        copies past the L2); a repeated launch on the same small KV would otherwise read it from L2."""
         if self.kernel != "hopper":
             raise ValueError(f"the timeline is stamped by the sm_90 kernels only; this decoder runs {self.ran!r}"
                              + (f" ({self.hopper_reason})" if self.hopper_reason else ""))  # fmt: skip
@@ -440,6 +451,11 @@ class TritonDecoder:
 
         cols, most = gluon_hopper.TIMELINE_COLS.value, gluon_hopper.TIMELINE_MAX.value
         buf = torch.zeros((self.n_cu, cols), dtype=torch.int64, device=self.out.device)
+        if cold_l2:
+            from ..timing import L2_BYTES
+
+            # read (not write: dirty lines would cost the kernel write-backs) twice the L2's worth of other data
+            torch.empty(2 * L2_BYTES // 4, dtype=torch.float32, device=self.out.device).sum()
         self._stage1_hopper(self.p.q if q is None else q, self.p.kv if kv is None else kv, timeline=buf)
         ghz = measure_clock_ghz(self.out.device)  # also waits for the stage 1 above (same stream)
         return timeline_from_stamps(
