@@ -31,6 +31,7 @@ from .traffic import decode_traffic
 
 __all__ = [
     "COMPETITION_SHAPES",
+    "rotation_copies",
     "SUITES",
     "TimingRecord",
     "gpu_info",
@@ -96,6 +97,14 @@ def _events_ms(fn: Any, reps: int) -> list[float]:
         b.synchronize()
         ts.append(a.elapsed_time(b))
     return ts
+
+
+def rotation_copies(kv_bytes: int) -> int:
+    """How many KV copies a timed graph rotates through: enough that the rotation spans > 4x the L2 (so no call
+    finds its KV there), at least 2, at most 16 and 1 GB of copies."""
+    if not isinstance(kv_bytes, int) or isinstance(kv_bytes, bool) or kv_bytes <= 0:
+        raise ValueError(f"kv_bytes must be a positive int, got {kv_bytes!r}")
+    return int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> float:
@@ -309,7 +318,7 @@ def bench_one(
     rec.bytes = nbytes
     rec.floor_us = nbytes / (copy_tbps * 1e12) * 1e6
     kv_bytes = B * L * MLA.qk_dim * _kv_itemsize(precision)
-    n_copies = int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
+    n_copies = rotation_copies(kv_bytes)
     try:
         kw = dict(opts)
         if backend == "aiter":
@@ -474,7 +483,7 @@ def _bench_reference_torch(x: Any, bw: float, env: dict, refs: dict, cpg: int, r
     rec.bytes = call_bytes(B, L, "bf16")
     rec.floor_us = rec.bytes / (bw * 1e12) * 1e6
     try:
-        n = int(min(16, max(2, math.ceil(4 * L2_BYTES / (B * L * 1152)))))
+        n = rotation_copies(B * L * MLA.qk_dim * 2)
         call = reference_torch_callable(x, n)
         exact, emul = _refs(x, "bf16", refs)
         out = call(0).float()

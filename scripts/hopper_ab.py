@@ -21,7 +21,7 @@ from mlalab.backends.triton import build_plan, make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder, naive_decode, prepare
-from mlalab.timing import L2_BYTES, copy_bandwidth, time_callable
+from mlalab.timing import copy_bandwidth, rotation_copies, time_callable
 
 #: name -> (plan slots per SM, KernelConfig knobs). v1 / v2: the two sm_90 kernels as they were compared on
 #: 2026-12-02 (`hopper_variant` vt-smem / v-regs); v2x2: v-regs with two CTAs per SM (264 plan slots, 2 stages).
@@ -96,7 +96,7 @@ def main() -> None:
     for B, L in shapes:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
         kv_bytes = B * L * MLA.qk_dim
-        n = int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
+        n = rotation_copies(kv_bytes)
         line = {"B": B, "L": L}
         for peer in peers:
             try:

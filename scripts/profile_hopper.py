@@ -27,7 +27,7 @@ import triton
 from mlalab.backends.triton import make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs
-from mlalab.timing import L2_BYTES, copy_bandwidth, time_callable
+from mlalab.timing import copy_bandwidth, rotation_copies, time_callable
 
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
@@ -73,7 +73,7 @@ def main() -> None:
     for B, L in a.shapes:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
         kv_bytes = B * L * MLA.qk_dim
-        n = int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
+        n = rotation_copies(kv_bytes)
         row: dict[str, object] = {"B": B, "L": L}
         if not a.no_flashmla:
             from mlalab.backends import get_backend

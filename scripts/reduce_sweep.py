@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 
 import torch
@@ -18,7 +17,7 @@ import torch
 from mlalab.backends.triton import make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs
-from mlalab.timing import L2_BYTES, time_callable
+from mlalab.timing import rotation_copies, time_callable
 
 SHAPES = [(4, 1024), (8, 1024), (16, 1024), (32, 1024), (64, 1024), (4, 8192), (16, 8192), (64, 8192)]
 
@@ -31,7 +30,7 @@ def main() -> None:
     for B, L in SHAPES:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
         kv_bytes = B * L * MLA.qk_dim
-        n = int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
+        n = rotation_copies(kv_bytes)
         call, info = make_callable(x, precision="a8w8", n_copies=n)
         dec = info["decoder"]
         if not dec.split_tiles.numel():

@@ -22,7 +22,16 @@ from mlalab.plots.timing import (
     speedup_table,
 )
 from mlalab.splitkv import indptrs_for, make_plan
-from mlalab.timing import COMPETITION_SHAPES, CSV_COLUMNS, config_string, copy_bandwidth, parse_config, rel_l2
+from mlalab.timing import (
+    COMPETITION_SHAPES,
+    CSV_COLUMNS,
+    L2_BYTES,
+    config_string,
+    copy_bandwidth,
+    parse_config,
+    rel_l2,
+    rotation_copies,
+)
 
 
 def test_recorded_csvs_have_the_schema_and_the_competition_suite() -> None:
@@ -32,6 +41,17 @@ def test_recorded_csvs_have_the_schema_and_the_competition_suite() -> None:
         d = best_per_shape(df, be, prec)
         assert sorted(zip(d["batch"], d["kv_len"])) == sorted(COMPETITION_SHAPES)
         assert (d["us_median"] >= d["floor_us"] * 0.9).all()  # nothing faster than the copy bandwidth allows
+
+
+def test_rotation_copies_span_four_l2s_within_bounds() -> None:
+    for kv_bytes in (1, 2_359_296, 37_748_736, 75_497_472, 603_979_776, 1_207_959_552):
+        n = rotation_copies(kv_bytes)
+        assert 2 <= n <= 16 and (n * kv_bytes > 4 * L2_BYTES or n == 16 or n == 2)
+        assert n == 2 or n * kv_bytes <= max(1 << 30, 4 * L2_BYTES + kv_bytes)
+    assert rotation_copies(2_359_296) == 16 and rotation_copies(603_979_776) == 2
+    for bad in (0, -5, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="kv_bytes"):
+            rotation_copies(bad)
 
 
 def test_figures_and_speedups_from_recorded_data() -> None:

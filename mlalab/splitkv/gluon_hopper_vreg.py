@@ -58,7 +58,7 @@ _O_STORE = gl.DistributedLinearLayout(
 
 #: Row m of the Oᵀ accumulator holds value dim d: bit i of m is bit ``ROW_BITS[i]`` of d (the π of each path, as the
 #: epilogues' register relabellings undo it): v-regs (`_pv_operand`) and vt-smem (bits 0-2 and 4-6 swapped,
-#: `gluon_hopper._load_v`). `tests/test_hopper_layouts.py` checks both against those relabellings.
+#: `gluon_hopper._load_v`). `tests/test_hopper_kernel.py` checks both against those relabellings.
 VREGS_ROW_BITS = gl.constexpr((6, 4, 5, 0, 7, 8, 1, 2, 3))
 VT_ROW_BITS = gl.constexpr((4, 5, 6, 3, 0, 1, 2, 7, 8))
 
