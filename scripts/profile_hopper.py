@@ -5,7 +5,9 @@
   floor of a graph node);
 * stage 1's per-CTA timeline (`TritonDecoder.stage1_timeline`): launch skew, the plan header's round trip, the
   first tile's arrival, the per-tile interval, the epilogue and the spread of the CTAs' ends;
-* with ``--reduce-before FILE`` (a module with an older ``reduce_kernel``), that reduce too, for an A/B.
+* with ``--reduce-before FILE`` (a module with an older ``reduce_kernel``), that reduce too, for an A/B;
+* with ``--ablations``, the whole call again with the score wgmma skipped (``hopper_ablate="qk"``) and with both
+  wgmmas skipped (``"qk+pv"``): what the call would take if that compute were free (outputs wrong; timing only).
 
     python scripts/profile_hopper.py --out-dir /tmp/prof            # the 12 competition shapes, default config
     python scripts/profile_hopper.py --shapes 4x1024,128x8192 --knobs '{"hopper_variant": "v-regs"}'
@@ -55,6 +57,7 @@ def main() -> None:
     ap.add_argument("--reduce-before", default=None)
     ap.add_argument("--plan-block", type=int, default=None, help="the simple planner's block (default: the backend's)")
     ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--ablations", action="store_true", help="also time the call with the QK / QK+PV compute skipped")
     ap.add_argument("--out-dir", default=None, help="writes profile.csv and timeline_events.csv there")
     a = ap.parse_args()
     knobs = json.loads(a.knobs)
@@ -94,6 +97,13 @@ def main() -> None:
             row["full_old_reduce_us"] = round(time_callable(lambda i: dec(kv=copies[i % n]), n)["us_median"], 2)  # noqa: B023
             row["reduce_old_us"] = round(time_callable(lambda i: dec._reduce(), 1)["us_median"], 2)  # noqa: B023
             dec.K = new_k
+        if a.ablations:
+            for ablate, col in (("qk", "full_no_qk_us"), ("qk+pv", "full_no_qk_pv_us")):
+                acall, _ = make_callable(x, precision="a8w8", n_copies=n, kernel="hopper", plan_block=a.plan_block,
+                                         **{**knobs, "hopper_ablate": ablate})  # fmt: skip
+                acall(0)
+                row[col] = round(time_callable(acall, n)["us_median"], 2)
+                del acall
         tiles = dec.tile_indptr.diff().cpu()
         row.update(works=int(plan.work_info.shape[0]), partial_rows=plan.n_partial_rows,
                    max_tiles_per_cta=int(tiles.max()))  # fmt: skip
@@ -101,6 +111,7 @@ def main() -> None:
             tl = dec.stage1_timeline(kv=copies[1 % n])
         row.update({k: round(v, 1) for k, v in tl.summary().items()})
         row["clock_ghz"] = round(tl.clock_ghz, 3)
+        row["clock_source"] = tl.clock_source
         events += [{"B": B, "L": L, **e} for e in tl.events()]
         rows.append(row)
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
@@ -115,7 +126,7 @@ def main() -> None:
                 w.writeheader()
                 w.writerows(data)
     if rows and "flashmla_us" in rows[0]:
-        for col in ("full_us", "full_old_reduce_us"):
+        for col in ("full_us", "full_old_reduce_us", "full_no_qk_us", "full_no_qk_pv_us"):
             if col in rows[0]:
                 g = math.exp(sum(math.log(r[col] / r["flashmla_us"]) for r in rows) / len(rows))
                 print(f"geomean {col} / flashmla: {g:.3f}")

@@ -171,6 +171,10 @@ def test_cta_info_rows_and_variant_choice() -> None:
     assert HOPPER_LONG_STREAM >= 1
     with pytest.raises(ValueError, match="hopper_variant must be"):
         TritonDecoder(p, plan, config=KernelConfig(hopper_variant="fast"))
+    with pytest.raises(ValueError, match="hopper_ablate must be one of 'none', 'qk', 'qk\\+pv'"):
+        TritonDecoder(p, plan, config=KernelConfig(hopper_ablate="pv"))
+    with pytest.raises(ValueError, match="experiment of the sm_90 kernel.*kernel='portable'"):
+        TritonDecoder(p, plan, config=KernelConfig(kernel="portable", hopper_ablate="qk"))
 
 
 # --------------------------------------------------------------------------------------------- GPU
@@ -287,3 +291,26 @@ def test_gpu_rotated_kv_copies_and_stage_counts() -> None:
     b = dec(kv=other)[0].clone()
     c = dec()[0].clone()
     assert torch.equal(a, c) and not torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", ["vt-smem", "v-regs"])
+def test_gpu_ablations_skip_the_compute_they_name(variant: str) -> None:
+    """``hopper_ablate`` is a timing experiment: "qk" zeroes the scores (uniform softmax: each output is the mean of
+    its request's V, which the fp64 reference gives for q = 0), "qk+pv" also skips the PV (outputs 0). The
+    decoder says so in `ran`."""
+    x = make_inputs(DecodeCase(kv_lens=(700, 64, 1500), seed=13, scale=1.0)).to("cuda")  # peaked: far from a mean
+    p = prepare(x, "a8w8")
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    real = TritonDecoder(p, plan, config=KernelConfig(hopper_variant=variant))
+    no_qk = TritonDecoder(p, plan, config=KernelConfig(hopper_variant=variant, hopper_ablate="qk"))
+    none = TritonDecoder(p, plan, config=KernelConfig(hopper_variant=variant, hopper_ablate="qk+pv"))
+    assert no_qk.ran == f"hopper:{variant}+ablate:qk" and real.ran == f"hopper:{variant}"
+    kv = p.dequantized()[1].reshape(-1, 576)
+    starts = x.kv_indptr.cpu().tolist()
+    mean_v = torch.stack([kv[a:b, :512].mean(0) for a, b in zip(starts, starts[1:])])  # (3, 512): uniform softmax
+    out = _poisoned_run(no_qk)[0].double().cpu()
+    assert _rel(out, mean_v[:, None, :].expand_as(out)) <= 1e-2  # P = 1 rounded through fp8 is exact: bf16 out
+    assert _rel(_poisoned_run(real)[0].double().cpu(), mean_v[:, None, :].expand_as(out)) > 0.1
+    assert torch.count_nonzero(_poisoned_run(none)[0]) == 0

@@ -22,7 +22,9 @@ def _table(max_events: int = 4) -> np.ndarray:
     t[0, 8 + m : 10 + m] = [500 + 2400, 500 + 3500]  # scores done
     t[0, 8 + 2 * m : 10 + 2 * m] = [500 + 2600, 500 + 3700]  # PV issued
     t[0, 8 + 3 * m] = 500 + 5000  # work stored
+    t[0, 5:7] = [500 + 3800, 500 + 4200]  # last PV completed, softmax sum reduced
     t[1, :5] = [1040, 3040, 90_000, 90_000 + 3900, 90_000 + 300]
+    t[1, 5:7] = [90_000 + 2700, 90_000 + 3000]
     t[1, 8], t[1, 8 + m], t[1, 8 + 2 * m] = 90_000 + 2000, 90_000 + 2200, 90_000 + 2600
     t[1, 8 + 3 * m] = 90_000 + 3800
     return t
@@ -43,8 +45,27 @@ def test_stamps_become_ns_from_the_first_start() -> None:
     assert s["span_ns"] == 2800 and s["start_skew_ns"] == 40 and s["tile_interval_ns"] == 500
     assert s["first_tile_ns"] == 1000 and s["header_ns"] == 175
     assert s["tile_qk_ns"] == 200 and s["tile_softmax_ns"] == 100  # medians of (200, 250, 100) and (100, 100, 200)
+    assert s["epilogue_pv_wait_ns"] == 50 and s["epilogue_sum_ns"] == 175 and s["epilogue_store_ns"] == 575
+    assert tl.clock_source == "given"
     kinds = [e["event"] for e in tl.events() if e["cta"] == 0]
-    assert kinds == ["start", "issued", *["tile"] * 2, *["qk_done"] * 2, *["pv_issued"] * 2, "work_done", "end"]
+    assert kinds == ["start", "issued", *["tile"] * 2, *["qk_done"] * 2, *["pv_issued"] * 2, "work_done", "pv_done",
+                     "lse_done", "end"]  # fmt: skip
+
+
+def test_the_clock_is_calibrated_on_the_launch_itself() -> None:
+    from mlalab.splitkv.timeline import launch_clock_ghz
+
+    # CTA 0: 5600 cycles in 3000 ns of global time, CTA 1: 3900 in 2000 ns -> median of 1.867 and 1.95 GHz
+    expect = (5600 / 3000 + 3900 / 2000) / 2
+    assert launch_clock_ghz(_table()) == pytest.approx(expect)
+    tl = timeline_from_stamps(_table(), np.array([2, 1]), np.array([1, 1]), kernel="k", max_events=4)
+    assert tl.clock_source == "launch" and tl.clock_ghz == pytest.approx(expect)
+    np.testing.assert_allclose(tl.end_ns, [5600 / expect, 40 + 3900 / expect])
+    short = _table()
+    short[:, 1] = short[:, 0] + 1999  # no CTA ran 2 us of global time: too coarse to calibrate on
+    assert launch_clock_ghz(short) is None
+    with pytest.raises(ValueError, match="too short to calibrate"):
+        timeline_from_stamps(short, np.array([2, 1]), np.array([1, 1]), kernel="k", max_events=4)
 
 
 def test_more_events_than_stamped_keep_the_first_ones() -> None:
@@ -69,10 +90,11 @@ def test_bad_stamp_tables_are_refused() -> None:
 
 
 def test_the_portable_kernel_has_no_timeline() -> None:
-    from mlalab.splitkv.triton_mla import TritonDecoder
+    from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder
 
     dec = object.__new__(TritonDecoder)  # the refusal comes before any launch; no GPU needed to check it
     dec.kernel, dec.hopper_variant, dec.hopper_reason = "portable", None, "a8w8 only"
+    dec.config = KernelConfig()
     with pytest.raises(ValueError, match="sm_90 kernels only.*a8w8 only"):
         dec.stage1_timeline()
 
@@ -93,6 +115,7 @@ def test_gpu_timeline_of_a_ragged_batch_is_ordered_and_complete(variant: str) ->
     ref = dec()[0].clone()
     tl = dec.stage1_timeline()
     assert tl.kernel == f"hopper:{variant}" and tl.n_cu == 132 and 1.0 < tl.clock_ghz < 2.5
+    assert tl.clock_source == "launch"  # a 20-request batch of ~3000 tokens keeps CTAs busy for more than 2 us
     tiles = dec.tile_indptr.diff().cpu().numpy()
     works = plan.work_indptr.diff().numpy()
     for c in range(132):
@@ -102,6 +125,9 @@ def test_gpu_timeline_of_a_ragged_batch_is_ordered_and_complete(variant: str) ->
         assert all(a <= b + 1.0 for a, b in zip(seq, seq[1:])), (c, seq)  # 1 ns: clock conversion rounding
         if works[c]:
             assert tl.work_done_ns[c][-1] <= tl.end_ns[c] + 1.0
+        if works[c] and tiles[c]:  # (a CTA whose only work is an empty request streams no tile)
+            epi = [tl.pv_issued_ns[c][-1], tl.pv_done_ns[c], tl.lse_done_ns[c], tl.work_done_ns[c][-1]]
+            assert all(a <= b + 1.0 for a, b in zip(epi, epi[1:])), (c, epi)
     s = tl.summary()
     assert 0 < s["span_ns"] < 1e6 and s["tile_interval_ns"] > 0
     dec._reduce()  # stage 1 above wrote the same partials: the full output is unchanged by stamping
@@ -125,8 +151,15 @@ def test_gantt_segments_and_summary_from_events() -> None:
     # CTA 0: two tiles, so one wait segment between PV(0) issued (1.3 us) and tile 1 (1.5 us)
     wait = [x for x in by_name["waiting for the next tile"].x if x is not None]
     assert wait == [1.3, 1.5]
-    epi = [x for x in by_name["last PV + epilogue (output stores)"].x if x is not None]
+    # the epilogue in two parts: last PV issued -> softmax sum reduced -> the CTA's end
+    assert [x for x in by_name["last PV completes, softmax sum"].x if x is not None] == [1.85, 2.1, 1.34, 1.54]
+    assert [x for x in by_name["normalise + output stores"].x if x is not None] == [2.1, 2.8, 1.54, 1.99]
+    assert s["  last PV completes"] == 0.05 and s["  softmax sum"] == 0.175 and s["  normalise + stores"] == 0.575
+    old = ev[~ev["event"].isin(["pv_done", "lse_done"])]  # files recorded before those stamps: one segment
+    traces = {t.name: t for t in cta_timeline_figure(old, 4, 1024).data}
+    epi = [x for x in traces["last PV + epilogue (output stores)"].x if x is not None]
     assert epi == [1.85, 2.8, 1.34, 1.99]  # from the last PV issue to each CTA's end
+    assert "  softmax sum" not in timeline_summary(old, 4, 1024)
     assert list(by_name["work's output stored"].x) == [2.5, 1.94]
     with pytest.raises(ValueError, match="recorded shapes"):
         cta_timeline_figure(ev, 8, 1024)

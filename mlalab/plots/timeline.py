@@ -26,6 +26,9 @@ PHASES = (
     ("softmax, P, refill, PV issued", "qk_done", "pv_issued", "#e4572e"),
     ("waiting for the next tile", "pv_issued", "next_tile", "#f2c14e"),
     ("last PV + epilogue (output stores)", "pv_issued", "work_done", "#2a9d8f"),
+    # recorded from 2026-12-03's second profile on: the epilogue of each CTA's last work in two parts
+    ("last PV completes, softmax sum", "pv_issued", "lse_done", "#8ab17d"),
+    ("normalise + output stores", "lse_done", "end", "#264653"),
 )
 
 
@@ -78,7 +81,22 @@ def timeline_summary(events: pd.DataFrame, batch: int, kv_len: int) -> dict[str,
         "  scores (QK) + V": float(qk.median()) / 1e3,
         "  softmax .. PV issued": float(soft.median()) / 1e3,
         "last tile to end": float((end[last.index] - last).median()) / 1e3,
+        **_epilogue_parts(piv, end, busy),
         "spread of the CTA ends": float(end[busy].max() - end[busy].min()) / 1e3,
+    }
+
+
+def _epilogue_parts(piv: dict[str, pd.Series], end: pd.Series, busy: list[int]) -> dict[str, float]:
+    """The last work's epilogue split at the PV's completion and the softmax sum (files that stamped them)."""
+    if "pv_done" not in piv or "lse_done" not in piv:
+        return {}
+    pv_done, lse_done = piv["pv_done"].droplevel(1), piv["lse_done"].droplevel(1)
+    last_pv = piv["pv_issued"].groupby(level=0).max()
+    idx = [c for c in busy if c in pv_done.index and c in lse_done.index]
+    return {
+        "  last PV completes": float((pv_done[idx] - last_pv[idx]).median()) / 1e3,
+        "  softmax sum": float((lse_done[idx] - pv_done[idx]).median()) / 1e3,
+        "  normalise + stores": float((end[idx] - lse_done[idx]).median()) / 1e3,
     }
 
 
@@ -104,7 +122,10 @@ def cta_timeline_figure(events: pd.DataFrame, batch: int, kv_len: int, *, title:
             seg(PHASES[3][0], cta, ev["qk_done"][i], ev["pv_issued"][i])
             if i + 1 < n:
                 seg(PHASES[4][0], cta, ev["pv_issued"][i], tiles[i + 1])
-        if n:
+        if n and "lse_done" in ev:
+            seg(PHASES[6][0], cta, ev["pv_issued"][n - 1], ev["lse_done"][0])
+            seg(PHASES[7][0], cta, ev["lse_done"][0], ev["end"][0])
+        elif n:
             seg(PHASES[5][0], cta, ev["pv_issued"][n - 1], ev["end"][0])
     fig = go.Figure()
     for name, _a, _b, colour in PHASES:

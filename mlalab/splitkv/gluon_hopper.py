@@ -63,7 +63,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gluon_hopper_vreg import VT_ROW_BITS, _p_operand, _pv_operand, _store_partial_head_minor, _store_work_vregs
+from .gluon_hopper_vreg import (
+    VT_ROW_BITS,
+    _normaliser,
+    _p_operand,
+    _pv_operand,
+    _store_partial_head_minor,
+    _store_work_vregs,
+)
 
 __all__ = ["BLOCK_N", "stage1_kernel", "make_descriptors", "TensorDescriptor"]
 
@@ -79,9 +86,11 @@ BLOCK_N = 64
 
 #: The optional per-CTA timeline (``TIMELINE=True``, `triton_mla.TritonDecoder.stage1_timeline`): one int64 row per
 #: CTA. Columns: 0/1 global timer (ns) at start / end, 2/3 SM clock at start / end, 4 SM clock once the first
-#: TMAs are in flight; then four blocks of `TIMELINE_MAX` SM-clock columns: tile ``it`` has arrived
-#: (``8 + it``), its scores are done (``8 + TIMELINE_MAX + it``), its PV is issued (``8 + 2·TIMELINE_MAX + it``),
-#: and work ``j``'s output stores are issued (``8 + 3·TIMELINE_MAX + j``).
+#: TMAs are in flight, 5 / 6 SM clock when the last work's final PV has completed / its softmax sum is reduced
+#: (the epilogue's parts: what follows 6 is the output's normalisation and stores); then four blocks of
+#: `TIMELINE_MAX` SM-clock columns: tile ``it`` has arrived (``8 + it``), its scores are done
+#: (``8 + TIMELINE_MAX + it``), its PV is issued (``8 + 2·TIMELINE_MAX + it``), and work ``j``'s output stores
+#: are issued (``8 + 3·TIMELINE_MAX + j``).
 TIMELINE_MAX = gl.constexpr(256)
 TIMELINE_COLS = gl.constexpr(8 + 4 * 256)
 
@@ -156,11 +165,8 @@ def _store_vt(v_t, vt, REPORT: gl.constexpr):
 def _store_work_vt(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                    H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
-    l = gl.sum(l_acc, axis=0)  # (NQ,): the per-thread running sums, reduced once per work
-    has = l > 0.0  # an empty work (0-token request): output 0, LSE -inf (the identity of the merge)
-    l_safe = gl.where(has, l, 1.0)
-    lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    o = o * (v_scale / l_safe)[None, :]
+    lse, scale = _normaliser(m_i, l_acc, v_scale)  # an empty work (0 tokens): output 0, LSE -inf
+    o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
         # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows
         # [128·c, 128·c + 128) are dims [128·c, 128·c + 128) for each chunk c (register bits: split is free)
@@ -214,6 +220,7 @@ def _stage1_kernel(
     WAIT_PRIOR: gl.constexpr,  # launched as a programmatic dependent: wait for the prior kernel before any TMA
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     REPORT: gl.constexpr,  # print the V bank-conflict counts while compiling (sm90_build)
+    ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
@@ -315,9 +322,12 @@ def _stage1_kernel(
                 # ptxas serialise every wgmma of the kernel; waiting for both after the V load spills.)
                 o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
             # QK on the tensor cores, asynchronously ...
-            s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
-                                  is_async=True)  # fmt: skip
-            s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
+            if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
+                s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
+            else:
+                s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
+                                      is_async=True)  # fmt: skip
+                s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
             # ... while the CUDA cores load this tile's V: into the PV's A-operand registers, or transposed into Vᵀ
             if V_IN_REGS:
                 v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT)
@@ -350,7 +360,9 @@ def _stage1_kernel(
             row_pf = row_nx
 
             o_cur = o_cur * alpha[None, :]
-            if V_IN_REGS:
+            if ABLATE >= 2:  # ablation: no PV (and, v-regs, no V operand: the compiler drops its loads)
+                o_acc = warpgroup_mma_init(o_cur)
+            elif V_IN_REGS:
                 o_acc = warpgroup_mma(v_op, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
             else:
                 o_acc = warpgroup_mma(vt, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
@@ -359,6 +371,10 @@ def _stage1_kernel(
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
+        if TIMELINE:  # the last PV has completed; then the work's softmax sum (a data dependence orders the stamp)
+            _stamp(tl_row, 5)
+            l_total = gl.sum(gl.sum(l_acc, axis=0), axis=0)  # >= 0: the offset below is always 0
+            _stamp(tl_row + (l_total < 0.0).to(gl.int64), 6)
         if V_IN_REGS:
             _store_work_vregs(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                               H, NQ, D_NOPE)  # fmt: skip

@@ -64,6 +64,31 @@ VT_ROW_BITS = gl.constexpr((4, 5, 6, 3, 0, 1, 2, 7, 8))
 
 
 @gluon.jit
+def _lg2_approx(x):
+    """log2 on the SFU (``MUFU.LG2``, |error| < 2^-22 here): ``gl.log2`` compiles to a ~25-instruction software log,
+    and the epilogue runs on one warp per scheduler, where every dependent instruction is latency."""
+    return gl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _rcp_approx(x):
+    """1 / x on the SFU (``MUFU.RCP``, 1 ulp) instead of the IEEE division's Newton steps and slow-path branch."""
+    return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _normaliser(m_i, l_acc, v_scale):
+    """A work's softmax sum, reduced once from the per-thread running sums, as (LSE in natural log, the factor that
+    normalises Oᵀ's columns). ``l >= 1`` whenever the work has a token (its maximum contributes exp2(0)), so the
+    SFU's flush-to-zero never applies; an empty work (0 tokens) gets LSE -inf and factor v_scale (Oᵀ is 0 there)."""
+    l = gl.sum(l_acc, axis=0)  # (NQ,)
+    has = l > 0.0
+    l_safe = gl.where(has, l, 1.0)
+    lse = gl.where(has, (m_i + _lg2_approx(l_safe)) * 0.6931471805599453, float("-inf"))
+    return lse, v_scale * _rcp_approx(l_safe)
+
+
+@gluon.jit
 def _pv_operand(kn, start, kv_end, DOT_A: gl.constexpr, MASK_TAIL: gl.constexpr, REPORT: gl.constexpr):
     """Vᵀ of the tile in `kn` as the register A operand of the PV wgmma: (512 rows m, 64 tokens k).
 
@@ -93,11 +118,8 @@ def _p_operand(p, fp8: gl.constexpr, NQ: gl.constexpr):
 def _store_work_vregs(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                 H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
-    l = gl.sum(l_acc, axis=0)  # (NQ,): the per-thread running sums, reduced once per work
-    has = l > 0.0  # an empty work (0-token request): output 0, LSE -inf (the identity of the merge)
-    l_safe = gl.where(has, l, 1.0)
-    lse = gl.where(has, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    o = o * (v_scale / l_safe)[None, :]
+    lse, scale = _normaliser(m_i, l_acc, v_scale)
+    o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
         # row m of Oᵀ holds value dim π(m): relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E)
         o_nat = o.reshape([8, 4, 2, 4, 2, NQ]).permute([1, 4, 3, 0, 2, 5]).reshape([D_NOPE, NQ])

@@ -79,10 +79,11 @@ def _tool(name: str) -> str:
 
 
 def compile_hopper(
-    stages: int = 3, *, mask_tail: bool = False, variant: str = "vt-smem", timeline: bool = False
+    stages: int = 3, *, mask_tail: bool = False, variant: str = "vt-smem", timeline: bool = False, ablate: int = 0
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
-    `stages` ring buffers (``timeline``: with its per-CTA time stamps); see the module docstring."""
+    `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
+    real kernel); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -109,7 +110,7 @@ def compile_hopper(
                 one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
-                REPORT=True, num_warps=4, grid=(1,),
+                ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

@@ -4,9 +4,12 @@ The Hopper stage 1 (`gluon_hopper.stage1_kernel`) stamps, when compiled with ``T
 nanosecond timer at each CTA's start and end, and the SM's cycle counter at the start, once the first TMAs are in
 flight, and per KV tile when it has arrived, when its scores are done and when its PV is issued, and once each
 work's output is stored (`gluon_hopper.TIMELINE_COLS`).
-`timeline_from_stamps` turns that table into times in nanoseconds from the first CTA's start: the cycle counts
-are converted with the SM clock measured by `measure_clock_ghz` (a spin kernel reading both counters over 200 µs),
-because the global timer alone is too coarse for sub-microsecond events on some GPUs.
+`timeline_from_stamps` turns that table into times in nanoseconds from the first CTA's start. Cycle counts are
+converted with the SM clock *of that launch*: each CTA stamps both its cycle counter and the global nanosecond timer
+at its start and end, and the median of cycles / ns over the CTAs that ran at least 2 µs is the clock (the global
+timer alone is too coarse for sub-microsecond events). Under a memory-bound load the H200 runs at 1.73-1.83 GHz,
+not the 1.98 GHz that an idle spin kernel (`measure_clock_ghz`) sees: converting with the idle clock, as the
+timelines recorded before 2026-12-03's second profile did, under-states every duration by 8-13 %.
 
 Get one with `TritonDecoder.stage1_timeline()` (GPU only); `CtaTimeline.summary()` answers "where does the
 time go" (launch skew, time to the first tile, per-tile interval and its parts, epilogue, tail) and
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["CtaTimeline", "timeline_from_stamps", "measure_clock_ghz", "main"]
+__all__ = ["CtaTimeline", "timeline_from_stamps", "launch_clock_ghz", "measure_clock_ghz", "main"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class CtaTimeline:
     qk_done_ns: tuple[np.ndarray, ...]  # per CTA and tile: scores done (and, vt-smem, Vᵀ stored)
     pv_issued_ns: tuple[np.ndarray, ...]  # per CTA and tile: softmax done, refill and PV issued
     work_done_ns: tuple[np.ndarray, ...]  # per CTA: when each of its works' outputs were stored
+    pv_done_ns: np.ndarray  # (n_cu,) the last work's final PV completed (NaN: the CTA had no work)
+    lse_done_ns: np.ndarray  # (n_cu,) the last work's softmax sum reduced (then: normalise and store the output)
+    clock_source: str = "launch"  # "launch": calibrated on the launch's own stamps; "given": passed by the caller
 
     @property
     def n_cu(self) -> int:
@@ -64,12 +70,16 @@ class CtaTimeline:
             ),
             "last_tile_to_end_ns": float(np.median(last_tile_to_end)),
             "epilogue_ns": float(np.median(last_pv_to_end)),  # last PV issued -> outputs stored (PV wait included)
+            # its parts, for each CTA's last work: the PV's completion, the softmax sum, normalise + output stores
+            "epilogue_pv_wait_ns": float(np.nanmedian([self.pv_done_ns[c] - self.pv_issued_ns[c][-1] for c in busy])),
+            "epilogue_sum_ns": float(np.nanmedian(self.lse_done_ns[busy] - self.pv_done_ns[busy])),
+            "epilogue_store_ns": float(np.nanmedian(self.end_ns[busy] - self.lse_done_ns[busy])),
             "end_spread_ns": float(self.end_ns[busy].max() - self.end_ns[busy].min()),
         }
 
     def events(self) -> list[dict[str, float | int | str]]:
-        """One row per event: ``cta``, ``event`` (start, issued, tile, qk_done, pv_issued, work_done, end),
-        ``index`` (the tile or work number), ``t_ns``."""
+        """One row per event: ``cta``, ``event`` (start, issued, tile, qk_done, pv_issued, work_done, pv_done,
+        lse_done, end; the last three once per CTA with work), ``index`` (the tile or work number), ``t_ns``."""
         rows: list[dict[str, float | int | str]] = []
         for c in range(self.n_cu):
             rows.append({"cta": c, "event": "start", "index": 0, "t_ns": float(self.start_ns[c])})
@@ -81,17 +91,36 @@ class CtaTimeline:
                 ("work_done", self.work_done_ns[c]),
             ):
                 rows += [{"cta": c, "event": event, "index": i, "t_ns": float(t)} for i, t in enumerate(times)]
+            for event, t in (("pv_done", self.pv_done_ns[c]), ("lse_done", self.lse_done_ns[c])):
+                if np.isfinite(t):
+                    rows.append({"cta": c, "event": event, "index": 0, "t_ns": float(t)})
             rows.append({"cta": c, "event": "end", "index": 0, "t_ns": float(self.end_ns[c])})
         return rows
 
 
+#: CTAs shorter than this (global timer, ns) are left out of the clock calibration: the timer ticks coarsely.
+MIN_CALIBRATION_NS = 2000
+
+
+def launch_clock_ghz(stamps: np.ndarray) -> float | None:
+    """The SM clock (GHz) during one stamped launch: the median over CTAs that ran >= `MIN_CALIBRATION_NS` of their
+    cycles / global-timer ns between start and end (columns 2, 3 and 0, 1); None when no CTA ran that long."""
+    stamps = np.asarray(stamps, dtype=np.int64)
+    ns = (stamps[:, 1] - stamps[:, 0]).astype(np.float64)
+    cycles = (stamps[:, 3] - stamps[:, 2]).astype(np.float64)
+    ok = ns >= MIN_CALIBRATION_NS
+    return float(np.median(cycles[ok] / ns[ok])) if ok.any() else None
+
+
 def timeline_from_stamps(
-    stamps: np.ndarray, tiles_per_cta: np.ndarray, works_per_cta: np.ndarray, *, clock_ghz: float, kernel: str,
-    max_events: int,
+    stamps: np.ndarray, tiles_per_cta: np.ndarray, works_per_cta: np.ndarray, *, clock_ghz: float | None = None,
+    kernel: str, max_events: int,
 ) -> CtaTimeline:  # fmt: skip
     """Convert the kernel's stamp table (n_cu, 8 + 4·max_events) int64 into a `CtaTimeline` (see the module doc).
 
-    CTAs with more than `max_events` tiles or works keep their first `max_events` (the kernel stamps no more)."""
+    `clock_ghz` None (default): the launch's own clock (`launch_clock_ghz`); ValueError if no CTA ran long enough
+    to calibrate it, then pass one (e.g. `measure_clock_ghz`). CTAs with more than `max_events` tiles or works keep
+    their first `max_events` (the kernel stamps no more)."""
     stamps = np.asarray(stamps, dtype=np.int64)
     n_cu = int(stamps.shape[0]) if stamps.ndim == 2 else -1
     if stamps.ndim != 2 or stamps.shape[1] != 8 + 4 * max_events:
@@ -99,10 +128,16 @@ def timeline_from_stamps(
     tiles_per_cta, works_per_cta = np.asarray(tiles_per_cta), np.asarray(works_per_cta)
     if tiles_per_cta.shape != (n_cu,) or works_per_cta.shape != (n_cu,):
         raise ValueError(f"tiles_per_cta and works_per_cta must have shape ({n_cu},)")
-    if not np.isfinite(clock_ghz) or clock_ghz <= 0:
-        raise ValueError(f"clock_ghz must be a positive number, got {clock_ghz}")
     if (stamps[:, 1] < stamps[:, 0]).any() or (stamps[:, 3] < stamps[:, 2]).any():
         raise ValueError("a CTA ended before it started: the stamp table was not written by one complete launch")
+    source = "given"
+    if clock_ghz is None:
+        clock_ghz, source = launch_clock_ghz(stamps), "launch"
+        if clock_ghz is None:
+            raise ValueError(f"no CTA ran >= {MIN_CALIBRATION_NS} ns, too short to calibrate the SM clock on the "
+                             "launch: pass clock_ghz (e.g. measure_clock_ghz())")  # fmt: skip
+    if not np.isfinite(clock_ghz) or clock_ghz <= 0:
+        raise ValueError(f"clock_ghz must be a positive number, got {clock_ghz}")
     t0 = int(stamps[:, 0].min())
     start = (stamps[:, 0] - t0).astype(np.float64)
 
@@ -125,6 +160,9 @@ def timeline_from_stamps(
         qk_done_ns=tuple(qk),
         pv_issued_ns=tuple(pv),
         work_done_ns=tuple(works),
+        pv_done_ns=np.array([at(c, stamps[c, 5:6])[0] if works_per_cta[c] else np.nan for c in range(n_cu)]),
+        lse_done_ns=np.array([at(c, stamps[c, 6:7])[0] if works_per_cta[c] else np.nan for c in range(n_cu)]),
+        clock_source=source,
     )
 
 
@@ -171,7 +209,8 @@ def main() -> None:
         for _ in range(3):
             dec()
         tl = dec.stage1_timeline()
-        print(f"measured now ({torch.cuda.get_device_name()}, {tl.kernel}, SM clock {tl.clock_ghz:.2f} GHz):")
+        print(f"measured now ({torch.cuda.get_device_name()}, {tl.kernel}, SM clock {tl.clock_ghz:.2f} GHz during the "
+              "launch):")  # fmt: skip
         for k, v in tl.summary().items():
             print(f"  {k:>22}: {v:,.0f}")
         return

@@ -29,7 +29,7 @@ from ..quant import fp8_dtype, quantize_fp8_per_tensor
 from ..reference import decode_reference
 from .plan import WorkPlan
 from .planners import make_plan
-from .timeline import CtaTimeline, measure_clock_ghz, timeline_from_stamps
+from .timeline import CtaTimeline, launch_clock_ghz, measure_clock_ghz, timeline_from_stamps
 
 __all__ = [
     "Precision",
@@ -178,8 +178,11 @@ class KernelConfig:
     stage 1 too is a programmatic dependent of whatever precedes it in the stream; it reads its plan header and
     sets up shared memory, then waits for that kernel to complete before it reads q or the KV or writes
     anything, so back-to-back calls overlap one call's launch and header with the previous call's tail. ``hopper_variant`` (hopper):
-    ``"vt-smem"``, ``"v-regs"`` or ``"auto"`` (see `HOPPER_VARIANTS`, `HOPPER_LONG_STREAM`). The knobs below
-    ``hopper_variant`` belong to the portable kernel.
+    ``"vt-smem"``, ``"v-regs"`` or ``"auto"`` (see `HOPPER_VARIANTS`, `HOPPER_LONG_STREAM`). ``hopper_ablate``
+    (hopper, timing experiments only: the outputs are WRONG): ``"none"``, ``"qk"`` (the score wgmma is skipped, scores
+    are 0) or ``"qk+pv"`` (the value wgmma and its V operand too): what the decode would take if that compute were
+    free, every byte still loaded and stored (`HOPPER_ABLATIONS`, ``scripts/profile_hopper.py --ablations``). The
+    knobs below ``hopper_ablate`` belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
@@ -194,6 +197,7 @@ class KernelConfig:
     pdl: bool = True
     pdl_chain: bool = False
     hopper_variant: str = "auto"
+    hopper_ablate: str = "none"
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -278,6 +282,9 @@ def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info:
 #: waited for before QK(i)).
 HOPPER_VARIANTS = ("vt-smem", "v-regs")
 
+#: `KernelConfig.hopper_ablate` -> the kernel's ``ABLATE``: which compute the sm_90 stage 1 skips (timing only).
+HOPPER_ABLATIONS = {"none": 0, "qk": 1, "qk+pv": 2}
+
 #: ``hopper_variant="auto"`` runs ``v-regs`` when some CTA of the plan streams at least this many 64-token tiles.
 #: H200 A/B, all else equal (data/profiles/h200_2026-12-02_ab_hopper.csv): v-regs is faster from 16 tiles per CTA on
 #: (128 x 8192: 149.5 vs 164.1 us; 64 x 8192: 84.8 vs 90.1; 32 x 8192: 48.9 vs 50.3; 128 x 1024: 25.4 vs 26.7) and
@@ -339,6 +346,9 @@ class TritonDecoder:
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         if config.hopper_variant not in ("auto", *HOPPER_VARIANTS):
             raise ValueError(f"hopper_variant must be 'auto', 'vt-smem' or 'v-regs', got {config.hopper_variant!r}")
+        if config.hopper_ablate not in HOPPER_ABLATIONS:
+            raise ValueError(f"hopper_ablate must be one of {', '.join(map(repr, HOPPER_ABLATIONS))}, "
+                             f"got {config.hopper_ablate!r}")  # fmt: skip
         if config.kernel not in ("auto", "hopper", "portable"):
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
         if not 1 <= config.hopper_stages <= 3:
@@ -357,6 +367,9 @@ class TritonDecoder:
                 raise ValueError(f"kernel='hopper' cannot run here: {why_not}")
         #: which stage-1 kernel runs ("hopper" or "portable") and, for "auto", why not hopper (None: it runs)
         self.kernel = "portable" if config.kernel == "portable" or why_not is not None else "hopper"
+        if config.hopper_ablate != "none" and self.kernel != "hopper":
+            raise ValueError(f"hopper_ablate={config.hopper_ablate!r} is an experiment of the sm_90 kernel, which does not "
+                             f"run here ({why_not or 'kernel=' + repr(config.kernel)})")  # fmt: skip
         self.hopper_reason = why_not
         self.hopper_variant: str | None = None  # set below when the hopper kernel runs
         dev = prepared.q.device
@@ -408,8 +421,10 @@ class TritonDecoder:
 
     @property
     def ran(self) -> str:
-        """The stage-1 kernel that runs: ``portable``, ``hopper:vt-smem`` or ``hopper:v-regs``."""
-        return self.kernel if self.hopper_variant is None else f"{self.kernel}:{self.hopper_variant}"
+        """The stage-1 kernel that runs: ``portable``, ``hopper:vt-smem`` or ``hopper:v-regs`` (``+ablate:qk`` etc.
+        when an ablation skips compute: its outputs are wrong)."""
+        name = self.kernel if self.hopper_variant is None else f"{self.kernel}:{self.hopper_variant}"
+        return name if self.config.hopper_ablate == "none" else f"{name}+ablate:{self.config.hopper_ablate}"
 
     def __call__(
         self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None
@@ -457,9 +472,11 @@ class TritonDecoder:
             # read (not write: dirty lines would cost the kernel write-backs) twice the L2's worth of other data
             torch.empty(2 * L2_BYTES // 4, dtype=torch.float32, device=self.out.device).sum()
         self._stage1_hopper(self.p.q if q is None else q, self.p.kv if kv is None else kv, timeline=buf)
-        ghz = measure_clock_ghz(self.out.device)  # also waits for the stage 1 above (same stream)
+        stamps = buf.cpu().numpy()  # (waits for the launch)
+        # the clock of this launch (its CTAs stamp cycles and the global timer); an idle spin's if all were too short
+        ghz = None if launch_clock_ghz(stamps) is not None else measure_clock_ghz(self.out.device)
         return timeline_from_stamps(
-            buf.cpu().numpy(), self.tile_indptr.diff().cpu().numpy(), self.plan.work_indptr.diff().cpu().numpy(),
+            stamps, self.tile_indptr.diff().cpu().numpy(), self.plan.work_indptr.diff().cpu().numpy(),
             clock_ghz=ghz, kernel=self.ran, max_events=most,
         )  # fmt: skip
 
@@ -477,7 +494,8 @@ class TritonDecoder:
         kw = dict(H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
                   NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
                   LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
-                  WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False, num_warps=4)  # fmt: skip
+                  WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
+                  ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], num_warps=4)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
         self.G.stage1_kernel[(self.n_cu,)](
