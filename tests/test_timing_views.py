@@ -43,7 +43,7 @@ from mlalab.traffic import decode_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
-RUN7 = "h200_2026-12-03_run7.csv"  # the newest full run: the default view
+RUN8 = "h200_2026-12-03_run8.csv"  # the newest full run: the default view
 
 
 def test_readme_numbers_are_what_the_default_views_show() -> None:
@@ -55,7 +55,7 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     )
     assert m and m2, "README headline sentence not found"
     h = headline(load_recorded())
-    assert h["files"] == (RUN7,) and RUN7 in text
+    assert h["files"] == (RUN8,) and RUN8 in text
     assert f"{h['geomean_us']:.1f}" == m.group(1) and f"{h['ratio']:.2f}" == m.group(2)
     assert f"{h['peer_geomean_us']:.1f}" == m.group(3)
     assert f"{h['pct_copy_at_shape']:.0f}" == m2.group(1) and f"{h['us_at_shape']:.1f}" == m2.group(2)
@@ -63,9 +63,9 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     # the default figure, the report and the plan panel's record show the same row at B128 x L8192
     bars = bars_per_shape(load_recorded(), [("triton", "a8w8")])
     y = dict(zip(bars.data[0].x, bars.data[0].y))
-    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN7 in bars.layout.title.text
+    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN8 in bars.layout.title.text
     s = section_timings(ReportOptions())
-    assert s.unavailable is None and RUN7 in s.description
+    assert s.unavailable is None and RUN8 in s.description
     ry = dict(zip(s.figures[0].data[0].x, s.figures[0].data[0].y))
     assert ry == y
     assert f"{record_for_shape(load_recorded(), 128, 8192)['us_median']:.1f}" == m2.group(2)
@@ -73,21 +73,24 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
 
 def test_default_view_is_one_run_one_config_per_shape() -> None:
     df = load_recorded()
-    assert default_run(df) == RUN7  # newest full suite run; sweeps and dev runs have no default Triton rows
+    assert default_run(df) == RUN8  # newest full suite run; sweeps and dev runs have no default Triton rows
     v = recorded_view(df)
-    assert v.files == (RUN7,) and not v.best_of_all and (v.rows["run"] == RUN7).all()
+    assert v.files == (RUN8,) and not v.best_of_all and (v.rows["run"] == RUN8).all()
     assert not v.rows.duplicated(["backend", "precision", "batch", "kv_len"]).any()
     tri = v.rows[(v.rows["backend"] == "triton") & (v.rows["precision"] == "a8w8")]
     assert sorted(zip(tri["batch"], tri["kv_len"])) == sorted(COMPETITION_SHAPES)
-    # best of N over every file is faster somewhere (run 5, a8w8 only, at B128 x L8192), and says so
+    # best of N over every file is faster somewhere (an older run at some shape: run noise), and says which run
     b = recorded_view(df, best_of_all=True)
     assert "best of" in b.label and len(b.files) == len(set(df["run"]))
     bt = b.rows[(b.rows["backend"] == "triton") & (b.rows["precision"] == "a8w8")].set_index(["batch", "kv_len"])
-    assert bt.loc[(128, 8192), "us_median"] < tri.set_index(["batch", "kv_len"]).loc[(128, 8192), "us_median"]
-    assert "run5" in bt.loc[(128, 8192), "source"]
+    one = tri.set_index(["batch", "kv_len"])
+    faster = [k for k in bt.index if bt.loc[k, "us_median"] < one.loc[k, "us_median"]]
+    assert faster and all(RUN8 not in bt.loc[k, "source"] for k in faster)
+    assert all((bt["us_median"] <= one.loc[bt.index, "us_median"]).tolist())
+    older = bt.loc[faster[0], "source"].split(" · ")[0]
     fig = bars_per_shape(df, [("triton", "a8w8")], best_of_all=True)
     assert "best of" in fig.layout.title.text and "best of" in fig.data[0].name
-    assert any("run5" in h for h in fig.data[0].hovertext)
+    assert any(older in h for h in fig.data[0].hovertext)
     # an older run can be picked explicitly; a run without default Triton rows gives a clear error downstream
     assert recorded_view(df, run="h200_2026-12-02_run1.csv").files == ("h200_2026-12-02_run1.csv",)
     with pytest.raises(ValueError, match="not recorded"):
