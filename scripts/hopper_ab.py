@@ -30,6 +30,9 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2": (1, dict(hopper_variant="v-regs", hopper_stages=3)),
     "v2x2": (2, dict(hopper_variant="v-regs", hopper_stages=2)),
     "auto": (1, dict()),
+    # the ring refill issued before the PV (the code up to 2026-12-03's run 8) instead of after it
+    "v1-early": (1, dict(hopper_variant="vt-smem", hopper_stages=3, hopper_refill_after_pv=False)),
+    "v2-early": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_refill_after_pv=False)),
 }
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 

@@ -271,7 +271,8 @@ def test_gpu_production_error_within_5pct_of_quantisation_error_and_close_to_por
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 def test_gpu_rotated_kv_copies_and_stage_counts() -> None:
     """Timing calls the decoder on KV copies: each copy gets its own TMA descriptors (a stale descriptor would
-    read the first copy). Every ring depth, with or without the dependent launches, gives the same output."""
+    read the first copy). Every ring depth, with or without the dependent launches, with the ring's refill issued
+    before or after the PV, gives the same output."""
     x = make_inputs(DecodeCase(kv_lens=(3000, 17, 800), seed=12)).to("cuda")
     p = prepare(x, "a8w8")
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
@@ -279,6 +280,8 @@ def test_gpu_rotated_kv_copies_and_stage_counts() -> None:
         cfgs = [KernelConfig(hopper_variant=variant, hopper_stages=s) for s in (1, 2, 3)]
         outs = [TritonDecoder(p, plan, config=c)()[0].clone() for c in cfgs]
         outs.append(TritonDecoder(p, plan, config=KernelConfig(hopper_variant=variant, pdl=False))()[0].clone())
+        early = KernelConfig(hopper_variant=variant, hopper_refill_after_pv=False)  # the refill's issue point
+        outs.append(TritonDecoder(p, plan, config=early)()[0].clone())
         chained = TritonDecoder(p, plan, config=KernelConfig(hopper_variant=variant, pdl_chain=True))
         for _ in range(3):  # back to back: each stage 1 waits for the previous call's reduce before it writes
             chained()

@@ -221,6 +221,7 @@ def _stage1_kernel(
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     REPORT: gl.constexpr,  # print the V bank-conflict counts while compiling (sm90_build)
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
+    REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV)
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
@@ -356,8 +357,8 @@ def _stage1_kernel(
                 p_smem.index(pb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
             _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
-            _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
-            row_pf = row_nx
+            if not REFILL_AFTER_PV:
+                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
 
             o_cur = o_cur * alpha[None, :]
             if ABLATE >= 2:  # ablation: no PV (and, v-regs, no V operand: the compiler drops its loads)
@@ -369,6 +370,9 @@ def _stage1_kernel(
             if TIMELINE:  # noqa: SIM102
                 if it < TIMELINE_MAX:
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
+            if REFILL_AFTER_PV:  # PV(it) reads registers / Vᵀ and Pᵀ, not this stage: refill it off the PV's path
+                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+            row_pf = row_nx
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
         if TIMELINE:  # the last PV has completed; then the work's softmax sum (a data dependence orders the stamp)

@@ -110,7 +110,7 @@ def compile_hopper(
                 one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
-                ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
+                ABLATE=ablate, REFILL_AFTER_PV=True, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

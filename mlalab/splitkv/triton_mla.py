@@ -181,8 +181,9 @@ class KernelConfig:
     ``"vt-smem"``, ``"v-regs"`` or ``"auto"`` (see `HOPPER_VARIANTS`, `HOPPER_LONG_STREAM`). ``hopper_ablate``
     (hopper, timing experiments only: the outputs are WRONG): ``"none"``, ``"qk"`` (the score wgmma is skipped, scores
     are 0) or ``"qk+pv"`` (the value wgmma and its V operand too): what the decode would take if that compute were
-    free, every byte still loaded and stored (`HOPPER_ABLATIONS`, ``scripts/profile_hopper.py --ablations``). The
-    knobs below ``hopper_ablate`` belong to the portable kernel.
+    free, every byte still loaded and stored (`HOPPER_ABLATIONS`, ``scripts/profile_hopper.py --ablations``).
+    ``hopper_refill_after_pv`` (hopper): a ring stage's refill TMA is issued right after the tile's PV (default), not
+    between the softmax and the PV. The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
@@ -198,6 +199,7 @@ class KernelConfig:
     pdl_chain: bool = False
     hopper_variant: str = "auto"
     hopper_ablate: str = "none"
+    hopper_refill_after_pv: bool = True
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -495,7 +497,7 @@ class TritonDecoder:
                   NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
                   LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
-                  ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], num_warps=4)  # fmt: skip
+                  ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv, num_warps=4)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
         self.G.stage1_kernel[(self.n_cu,)](
