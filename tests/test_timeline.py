@@ -199,3 +199,44 @@ def test_timeline_panel_says_when_nothing_is_recorded(monkeypatch: pytest.Monkey
     monkeypatch.setattr(T, "PROFILE_DIR", str(tmp_path))
     p = timeline_panel()
     assert "no *_timeline.csv" in p.summary.value and not p.figure.data
+
+
+def test_ablation_figure_shows_ratios_to_flashmla_and_their_geomeans(tmp_path) -> None:  # noqa: ANN001
+    from mlalab.plots.timeline import ablation_figure, load_ablation_profile
+
+    prof = pd.DataFrame(
+        {"B": [8, 4], "L": [1024, 1024], "flashmla_us": [10.0, 8.0], "full_us": [8.0, 4.0], "full_no_qk_us": [5.0, 4.0],
+         "full_no_qk_pv_us": [2.5, 4.0], "stage1_us": [1.0, 1.0]}
+    )  # fmt: skip
+    path = tmp_path / "x_profile.csv"
+    prof.to_csv(path, index=False)
+    p = load_ablation_profile(str(path))
+    assert p["run"].iloc[0] == "x_profile.csv"
+    fig = ablation_figure(p)
+    assert [list(t.x) for t in fig.data] == [["B4·L1024", "B8·L1024"]] * 3  # sorted by kv_len, then batch
+    assert [list(t.y) for t in fig.data] == [[0.5, 0.8], [0.5, 0.5], [0.5, 0.25]]
+    assert "geomean 0.632×" in fig.data[0].name and "geomean 0.354×" in fig.data[2].name  # sqrt(0.4), sqrt(0.125)
+    assert fig.layout.shapes[0].y0 == 0.65 and "x_profile.csv" in fig.layout.title.text
+    with pytest.raises(ValueError, match="ablation columns"):
+        prof.drop(columns=["full_no_qk_us"]).to_csv(path, index=False)
+        load_ablation_profile(str(path))
+    with pytest.raises(ValueError, match="positive"):
+        prof.assign(full_us=[0.0, 1.0]).to_csv(path, index=False)
+        load_ablation_profile(str(path))
+    with pytest.raises(ValueError, match="lacks columns"):
+        ablation_figure(prof.drop(columns=["flashmla_us"]))
+    with pytest.raises(ValueError, match="goal"):
+        ablation_figure(prof, goal=0)
+    with pytest.raises(TypeError, match="DataFrame"):
+        ablation_figure(prof.to_dict())
+
+
+def test_recorded_ablation_profile_loads_when_present() -> None:
+    from mlalab.plots.timeline import ABLATIONS, ablation_figure, load_ablation_profile
+
+    try:
+        p = load_ablation_profile()
+    except FileNotFoundError:
+        pytest.skip("no recorded profile with ablations in data/profiles")
+    # skipping compute never makes the call slower than the real one by more than run noise
+    assert (p["full_no_qk_pv_us"] <= 1.05 * p["full_us"]).all() and len(ablation_figure(p).data) == len(ABLATIONS)

@@ -1,16 +1,28 @@
 """The measured per-CTA timeline of the sm_90 stage 1 (`mlalab.splitkv.timeline`) as a Gantt chart: one row per CTA
 (plan slot), time on x, each tile's life split into its phases. Reads the events that `scripts/profile_hopper.py`
-records (data/profiles/*_timeline.csv: B, L, cta, event, index, t_ns) or `CtaTimeline.events()` directly."""
+records (data/profiles/*_timeline.csv: B, L, cta, event, index, t_ns) or `CtaTimeline.events()` directly; and the
+same script's ablations (data/profiles/*_profile.csv with ``--ablations``): what the call would take if the tensor-core
+work were free."""
 
 from __future__ import annotations
 
 import glob
 import os
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-__all__ = ["PROFILE_DIR", "load_timelines", "timeline_summary", "cta_timeline_figure", "PHASES"]
+__all__ = [
+    "PROFILE_DIR",
+    "load_timelines",
+    "timeline_summary",
+    "cta_timeline_figure",
+    "PHASES",
+    "ABLATIONS",
+    "load_ablation_profile",
+    "ablation_figure",
+]
 
 PROFILE_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "profiles"
@@ -143,5 +155,66 @@ def cta_timeline_figure(events: pd.DataFrame, batch: int, kv_len: int, *, title:
         yaxis={"autorange": "reversed"},
         height=520,
         legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+#: (column of a ``scripts/profile_hopper.py --ablations`` file, label): the whole call as measured and with compute
+#: skipped (`KernelConfig.hopper_ablate`: the outputs are wrong; only the time means something).
+ABLATIONS = (
+    ("full_us", "our decode (a8w8)"),
+    ("full_no_qk_us", "… with the score wgmma skipped"),
+    ("full_no_qk_pv_us", "… with both wgmmas skipped"),
+)
+
+
+def load_ablation_profile(path: str | None = None) -> pd.DataFrame:
+    """The newest ``*_profile.csv`` in data/profiles that has the ablation columns (or `path`), with its file name
+    in column ``run``: per shape (``B``, ``L``) FlashMLA fp8's µs (``flashmla_us``) and the `ABLATIONS` columns."""
+    need = ["B", "L", "flashmla_us", *(c for c, _ in ABLATIONS)]
+    if path is None:
+        files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_profile.csv")))
+        files = [f for f in files if set(need) <= set(pd.read_csv(f, nrows=0).columns)]
+        if not files:
+            raise FileNotFoundError(f"no *_profile.csv with ablations in {PROFILE_DIR} (record one with "
+                                    "scripts/profile_hopper.py --ablations --out-dir)")  # fmt: skip
+        path = files[-1]
+    df = pd.read_csv(path)
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path} has no ablation columns {missing} (scripts/profile_hopper.py --ablations)")
+    if df.empty or not (df[need[2:]] > 0).all().all():
+        raise ValueError(f"{path}: every time must be a positive number of µs")
+    return df.assign(run=os.path.basename(path))
+
+
+def ablation_figure(profile: pd.DataFrame, goal: float = 0.65) -> go.Figure:
+    """Per shape, our call's time over FlashMLA fp8's, as measured and with the tensor-core work skipped (one process,
+    `load_ablation_profile`); the legend gives each geomean, the dashed line the goal. Where even "both wgmmas
+    skipped" stays above the line, the matrix products are not what keeps a shape from the goal."""
+    if not isinstance(profile, pd.DataFrame):
+        raise TypeError(f"profile must be a pandas DataFrame, got {type(profile).__name__}")
+    need = ["B", "L", "flashmla_us", *(c for c, _ in ABLATIONS)]
+    missing = [c for c in need if c not in profile.columns]
+    if missing:
+        raise ValueError(f"profile lacks columns {missing} (load it with load_ablation_profile)")
+    if isinstance(goal, bool) or not (isinstance(goal, float | int) and goal > 0):
+        raise ValueError(f"goal must be a positive ratio, got {goal!r}")
+    d = profile.sort_values(["L", "B"])
+    shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
+    fig = go.Figure()
+    for col, label in ABLATIONS:
+        ratio = d[col] / d["flashmla_us"]
+        geo = float(np.exp(np.log(ratio).mean()))
+        hover = [f"{u:.2f} µs vs FlashMLA fp8 {f:.2f} µs" for u, f in zip(d[col], d["flashmla_us"])]
+        fig.add_trace(go.Bar(x=shapes, y=ratio, name=f"{label}: geomean {geo:.3f}×", hovertext=hover))
+    fig.add_hline(y=goal, line_dash="dash", annotation_text=f"goal {goal}× (geomean)", annotation_position="top left")
+    run = f" ({d['run'].iloc[0]})" if "run" in d.columns else ""
+    fig.update_layout(
+        barmode="group",
+        title=f"time / FlashMLA fp8, measured on the H200 in one process{run}",
+        yaxis_title="× FlashMLA fp8's time (lower is faster)",
+        height=440,
+        legend={"orientation": "h", "y": -0.25},
     )
     return fig
