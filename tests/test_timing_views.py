@@ -43,7 +43,7 @@ from mlalab.traffic import decode_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
-RUN8 = "h200_2026-12-03_run8.csv"  # the newest full run: the default view
+RUN9 = "h200_2026-12-03_run9.csv"  # the newest full run: the default view
 
 
 def test_readme_numbers_are_what_the_default_views_show() -> None:
@@ -55,7 +55,7 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     )
     assert m and m2, "README headline sentence not found"
     h = headline(load_recorded())
-    assert h["files"] == (RUN8,) and RUN8 in text
+    assert h["files"] == (RUN9,) and RUN9 in text
     assert f"{h['geomean_us']:.1f}" == m.group(1) and f"{h['ratio']:.2f}" == m.group(2)
     assert f"{h['peer_geomean_us']:.1f}" == m.group(3)
     assert f"{h['pct_copy_at_shape']:.0f}" == m2.group(1) and f"{h['us_at_shape']:.1f}" == m2.group(2)
@@ -63,9 +63,9 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     # the default figure, the report and the plan panel's record show the same row at B128 x L8192
     bars = bars_per_shape(load_recorded(), [("triton", "a8w8")])
     y = dict(zip(bars.data[0].x, bars.data[0].y))
-    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN8 in bars.layout.title.text
+    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN9 in bars.layout.title.text
     s = section_timings(ReportOptions())
-    assert s.unavailable is None and RUN8 in s.description
+    assert s.unavailable is None and RUN9 in s.description
     ry = dict(zip(s.figures[0].data[0].x, s.figures[0].data[0].y))
     assert ry == y
     assert f"{record_for_shape(load_recorded(), 128, 8192)['us_median']:.1f}" == m2.group(2)
@@ -73,9 +73,9 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
 
 def test_default_view_is_one_run_one_config_per_shape() -> None:
     df = load_recorded()
-    assert default_run(df) == RUN8  # newest full suite run; sweeps and dev runs have no default Triton rows
+    assert default_run(df) == RUN9  # newest full suite run; sweeps and dev runs have no default Triton rows
     v = recorded_view(df)
-    assert v.files == (RUN8,) and not v.best_of_all and (v.rows["run"] == RUN8).all()
+    assert v.files == (RUN9,) and not v.best_of_all and (v.rows["run"] == RUN9).all()
     assert not v.rows.duplicated(["backend", "precision", "batch", "kv_len"]).any()
     tri = v.rows[(v.rows["backend"] == "triton") & (v.rows["precision"] == "a8w8")]
     assert sorted(zip(tri["batch"], tri["kv_len"])) == sorted(COMPETITION_SHAPES)
@@ -85,7 +85,7 @@ def test_default_view_is_one_run_one_config_per_shape() -> None:
     bt = b.rows[(b.rows["backend"] == "triton") & (b.rows["precision"] == "a8w8")].set_index(["batch", "kv_len"])
     one = tri.set_index(["batch", "kv_len"])
     faster = [k for k in bt.index if bt.loc[k, "us_median"] < one.loc[k, "us_median"]]
-    assert faster and all(RUN8 not in bt.loc[k, "source"] for k in faster)
+    assert faster and all(RUN9 not in bt.loc[k, "source"] for k in faster)
     assert all((bt["us_median"] <= one.loc[bt.index, "us_median"]).tolist())
     older = bt.loc[faster[0], "source"].split(" · ")[0]
     fig = bars_per_shape(df, [("triton", "a8w8")], best_of_all=True)
@@ -213,5 +213,9 @@ def test_a8w8_only_run_is_shown_by_name_with_the_kernel_that_ran() -> None:
         assert sorted(zip(r["batch"], r["kv_len"])) == sorted(COMPETITION_SHAPES)
     tri = v.rows[v.rows["backend"] == "triton"]
     ran = {(int(b), int(n)): parse_config(c)["ran"] for b, n, c in zip(tri["batch"], tri["kv_len"], tri["config"])}
-    # the long streams (>= HOPPER_LONG_STREAM tiles on some CTA) ran v-regs, the short ones vt-smem
-    assert ran[(128, 8192)] == "hopper:v-regs" and ran[(4, 1024)] == "hopper:vt-smem" and HOPPER_LONG_STREAM == 16
+    # then (rule: v-regs from 16 tiles on some CTA) the long streams ran v-regs, the short ones vt-smem; since run 9
+    # (refill after the PV, rule: 1 tile) every shape runs v-regs
+    assert ran[(128, 8192)] == "hopper:v-regs" and ran[(4, 1024)] == "hopper:vt-smem" and HOPPER_LONG_STREAM == 1
+    now = recorded_view(df).rows
+    now = now[(now["backend"] == "triton") & (now["precision"] == "a8w8")]
+    assert {parse_config(c)["ran"] for c in now["config"]} == {"hopper:v-regs"}

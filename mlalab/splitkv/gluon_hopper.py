@@ -24,8 +24,10 @@ stream that a ring of ``NUM_STAGES`` TMA buffers prefetches across work boundari
 tile start rows once per plan: `tile_rows`). Per tile: wait for its TMA barrier → issue QK on the tensor cores
 (async) → transpose V → wait → online softmax in base 2 (the running sum is kept per thread and reduced once
 per work) → P (rounded to the KV's fp8 type, aiter's a8w8 numerics) to shared memory → fence + barrier →
-refill this stage with the tile ``NUM_STAGES`` ahead → rescale Oᵀ → issue PV (async; it overlaps the next
-tile's wait and QK). Vᵀ and Pᵀ are double-buffered so PV(i) never races the writes of tile i+1.
+rescale Oᵀ → issue PV (async; it overlaps the next tile's wait and QK) → refill this stage with the tile
+``NUM_STAGES`` ahead (after the PV, which reads Pᵀ and Vᵀ / registers, not the stage: issued before it, the refill
+cost the v-regs path 3.5 % of the geomean, data/profiles/h200_2026-12-03_ab_refill.csv; ``REFILL_AFTER_PV``). Vᵀ and
+Pᵀ are double-buffered so PV(i) never races the writes of tile i+1.
 Each work ends like the portable kernel's: final bf16 output + LSE when the request is whole, else an fp32 partial +
 natural-log LSE for the reduce (`triton_decode.reduce_kernel`, the same WorkPlan contract). The final output is
 un-permuted (a relabelling of register dims) and converted in 128-dim chunks so that each warp stores 512 contiguous
@@ -36,13 +38,15 @@ h200_2026-12-02_hopper_dev3 vs dev5). Partials are ours alone (only the reduce r
 ``LAUNCH_DEPENDENTS`` every CTA signals at once that the reduce (launched as a programmatic dependent) may start; the
 reduce waits for this grid's writes.
 
-Measured on the H200 (data/timings/h200_2026-12-03_run7.csv): 0.76x FlashMLA fp8's geomean over the 12 competition
-shapes, 94 % of the copy bandwidth at batch 128 × 8192. A CTA spends ~1.15 µs per tile on this path, 0.97 on
-v-regs (data/profiles/h200_2026-12-03_profile.csv): one warpgroup serialises QK → softmax → PV, and at small batch
-the fixed chain (header, first tile, epilogue, reduce), not bytes, sets the time.
+Measured on the H200 (data/timings/h200_2026-12-03_run9.csv, v-regs on every shape): 0.72x FlashMLA fp8's geomean
+over the 12 competition shapes, 91 % of the copy bandwidth at batch 128 × 8192 (96 % in run 8). A CTA spends
+1.24-1.31 µs per tile on this path, 1.06-1.11 on v-regs (data/profiles/h200_2026-12-03s6b_profile.csv, launch clock):
+one warpgroup serialises QK → softmax → PV, and at small batch the fixed chain (header, first tile, epilogue,
+reduce), not bytes, sets the time: with both wgmmas skipped (``ABLATE``) the call would still be 0.67x.
 
-A sibling, `gluon_hopper_vreg`, feeds V to the PV wgmma from registers instead of a Vᵀ buffer; it is faster on long
-tile streams and `TritonDecoder` picks between the two per plan (`KernelConfig.hopper_variant`).
+A sibling, `gluon_hopper_vreg`, feeds V to the PV wgmma from registers instead of a Vᵀ buffer; since the refill moved
+after the PV it is the faster path on every competition shape, and ``hopper_variant="auto"`` runs it
+(`triton_mla.HOPPER_LONG_STREAM`); this path stays selectable and tested.
 
 Constraints (checked on the host, `hopper_unsupported`): a8w8, 16 heads × (512 + 64) dims, KV rows of a tile
 contiguous (page size 1 with the identity page table, or page size a multiple of 64), one q row per work (q_len 1).

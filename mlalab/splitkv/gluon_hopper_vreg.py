@@ -18,7 +18,9 @@ partial ``wait_group`` after the next QK is issued (warning C7514), and waiting 
 so PV(i-1) is waited for before QK(i) is issued, and the tensor cores idle during each softmax. Measured on the
 H200 (data/profiles/h200_2026-12-02_ab_hopper.csv, all else equal): faster than vt-smem on long tile streams
 (128 × 8192: 149.5 vs 164.1 µs, within 1 % of the copy-bandwidth floor in that run; 64 × 8192: 84.8 vs 90.1),
-slower on short ones (4 × 1024: 9.2 vs 8.5 µs). `TritonDecoder` picks by the plan (`triton_mla.HOPPER_LONG_STREAM`).
+slower on short ones (4 × 1024: 9.2 vs 8.5 µs) — until the ring's refill moved after the PV (2026-12-03,
+data/profiles/h200_2026-12-03_ab_refill.csv): since then faster on every shape (geomean 21.9 vs 23.9 µs), and
+``hopper_variant="auto"`` runs it everywhere (`triton_mla.HOPPER_LONG_STREAM`).
 Tried and dropped on the same run (12 competition shapes, geomean): two CTAs per SM (264 plan slots, 2 stages;
 30.6 vs 25.6 µs) and, on top of that, merging the split requests inside stage 1 (a spin-wait per request on a
 global counter, no reduce launch; 34.4 µs).

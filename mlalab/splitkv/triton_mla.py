@@ -288,10 +288,11 @@ HOPPER_VARIANTS = ("vt-smem", "v-regs")
 HOPPER_ABLATIONS = {"none": 0, "qk": 1, "qk+pv": 2}
 
 #: ``hopper_variant="auto"`` runs ``v-regs`` when some CTA of the plan streams at least this many 64-token tiles.
-#: H200 A/B, all else equal (data/profiles/h200_2026-12-02_ab_hopper.csv): v-regs is faster from 16 tiles per CTA on
-#: (128 x 8192: 149.5 vs 164.1 us; 64 x 8192: 84.8 vs 90.1; 32 x 8192: 48.9 vs 50.3; 128 x 1024: 25.4 vs 26.7) and
-#: slower at 8 and fewer (4 x 1024: 9.2 vs 8.5; 16 x 1024: 13.1 vs 11.5), where the un-pipelined PV costs latency.
-HOPPER_LONG_STREAM = 16
+#: Since the ring's refill moved after the PV (2026-12-03, data/profiles/h200_2026-12-03_ab_refill.csv, one process,
+#: H200), v-regs is the faster path on every competition shape (geomean 21.9 vs 23.9 µs for vt-smem; 4 x 1024 6.09 vs
+#: 6.24, 64 x 1024 17.70 vs 19.39, 128 x 8192 141.1 vs 170.6; 16 x 8192 28.28 vs 30.51), so "auto" means v-regs. (The
+#: rule was 16 tiles on 2026-12-02's A/B, data/profiles/h200_2026-12-02_ab_hopper.csv, with the older epilogue.)
+HOPPER_LONG_STREAM = 1
 
 
 def hopper_cta_info(work_indptr: torch.Tensor, tile_indptr: torch.Tensor, tile_rows: torch.Tensor,
