@@ -173,6 +173,8 @@ def test_cta_info_rows_and_variant_choice() -> None:
         TritonDecoder(p, plan, config=KernelConfig(hopper_variant="fast"))
     with pytest.raises(ValueError, match="hopper_ablate must be one of 'none', 'qk', 'qk\\+pv'"):
         TritonDecoder(p, plan, config=KernelConfig(hopper_ablate="pv"))
+    with pytest.raises(TypeError, match="switches must be True or False, got hopper_refill_after_pv=1"):
+        TritonDecoder(p, plan, config=KernelConfig(hopper_refill_after_pv=1))
     with pytest.raises(ValueError, match="experiment of the sm_90 kernel.*kernel='portable'"):
         TritonDecoder(p, plan, config=KernelConfig(kernel="portable", hopper_ablate="qk"))
 

@@ -64,6 +64,12 @@ def test_the_clock_is_calibrated_on_the_launch_itself() -> None:
     short = _table()
     short[:, 1] = short[:, 0] + 1999  # no CTA ran 2 us of global time: too coarse to calibrate on
     assert launch_clock_ghz(short) is None
+    with pytest.raises(ValueError, match="n_cu"):
+        launch_clock_ghz(np.zeros(8, dtype=np.int64))
+    bad = _table()
+    bad[0, 3] = bad[0, 2] - 1
+    with pytest.raises(ValueError, match="ended before it started"):
+        launch_clock_ghz(bad)
     with pytest.raises(ValueError, match="too short to calibrate"):
         timeline_from_stamps(short, np.array([2, 1]), np.array([1, 1]), kernel="k", max_events=4)
 

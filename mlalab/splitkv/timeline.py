@@ -106,8 +106,12 @@ def launch_clock_ghz(stamps: np.ndarray) -> float | None:
     """The SM clock (GHz) during one stamped launch: the median over CTAs that ran >= `MIN_CALIBRATION_NS` of their
     cycles / global-timer ns between start and end (columns 2, 3 and 0, 1); None when no CTA ran that long."""
     stamps = np.asarray(stamps, dtype=np.int64)
+    if stamps.ndim != 2 or stamps.shape[1] < 4:
+        raise ValueError(f"stamps must be a (n_cu, >= 4) table of the kernel's stamps, got shape {stamps.shape}")
     ns = (stamps[:, 1] - stamps[:, 0]).astype(np.float64)
     cycles = (stamps[:, 3] - stamps[:, 2]).astype(np.float64)
+    if (ns < 0).any() or (cycles < 0).any():
+        raise ValueError("a CTA ended before it started: the stamp table was not written by one complete launch")
     ok = ns >= MIN_CALIBRATION_NS
     return float(np.median(cycles[ok] / ns[ok])) if ok.any() else None
 

@@ -17,6 +17,7 @@ Plans come from `mlalab.splitkv.make_plan` (the Triton default is the ``simple``
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any
@@ -349,6 +350,10 @@ class TritonDecoder:
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         if config.hopper_variant not in ("auto", *HOPPER_VARIANTS):
             raise ValueError(f"hopper_variant must be 'auto', 'vt-smem' or 'v-regs', got {config.hopper_variant!r}")
+        flags = [f.name for f in dataclasses.fields(config) if f.type in ("bool", bool)]
+        wrong = [f"{n}={getattr(config, n)!r}" for n in flags if not isinstance(getattr(config, n), bool)]
+        if wrong:
+            raise TypeError(f"KernelConfig switches must be True or False, got {', '.join(wrong)}")
         if config.hopper_ablate not in HOPPER_ABLATIONS:
             raise ValueError(f"hopper_ablate must be one of {', '.join(map(repr, HOPPER_ABLATIONS))}, "
                              f"got {config.hopper_ablate!r}")  # fmt: skip
