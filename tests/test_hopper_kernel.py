@@ -108,13 +108,14 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
         "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
-        "          r.sass.get('LDS.128', 0), r.sass.get('STS.128', 0), r.sass.get('STG.E.64', 0))\n"
+        "          r.sass.get('LDS.128', 0), r.sass.get('STS.128', 0), r.sass.get('STG.E.64', 0),\n"
+        "          r.sass.get('MUFU.LG2', 0))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
     assert len(rows) == 6, r.stdout
-    for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts, stg64 in rows:
+    for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(stack) == 0, r.stdout  # nothing in local memory
         assert local == "0", r.stdout  # no local loads/stores, no byte-wise shared loads
         assert int(shared) <= 227 * 1024, r.stdout  # what one CTA may take on sm_90
@@ -128,6 +129,8 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
             assert conflicts == "0" and int(sts) < 32, r.stdout
         # the fp32 partial leaves the accumulator as 32 8-byte stores per thread (head-minor, no conversion)
         assert int(stg64) >= 32, r.stdout
+        # the LSE's log2 on the SFU (one per head column a thread holds), not Triton's software log2
+        assert int(lg2) >= 4, r.stdout
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))

@@ -61,6 +61,16 @@ def test_the_clock_is_calibrated_on_the_launch_itself() -> None:
     tl = timeline_from_stamps(_table(), np.array([2, 1]), np.array([1, 1]), kernel="k", max_events=4)
     assert tl.clock_source == "launch" and tl.clock_ghz == pytest.approx(expect)
     np.testing.assert_allclose(tl.end_ns, [5600 / expect, 40 + 3900 / expect])
+    # a third CTA that ran 1 us of global time is left out (a median of all three, or a mean, would differ)
+    three = np.concatenate([_table(), _table()[1:]])
+    three[2, :4] = [1100, 2100, 0, 5000]
+    assert launch_clock_ghz(three) == pytest.approx(expect)
+    given = timeline_from_stamps(_table(), np.array([2, 1]), np.array([1, 1]), clock_ghz=1.5, kernel="k", max_events=4,
+                                 clock_source="idle-spin")  # fmt: skip
+    assert given.clock_source == "idle-spin" and given.clock_ghz == 1.5
+    with pytest.raises(ValueError, match="clock_source"):
+        timeline_from_stamps(_table(), np.array([2, 1]), np.array([1, 1]), clock_ghz=1.5, kernel="k", max_events=4,
+                             clock_source="launch")  # fmt: skip
     short = _table()
     short[:, 1] = short[:, 0] + 1999  # no CTA ran 2 us of global time: too coarse to calibrate on
     assert launch_clock_ghz(short) is None
@@ -77,6 +87,8 @@ def test_the_clock_is_calibrated_on_the_launch_itself() -> None:
 def test_more_events_than_stamped_keep_the_first_ones() -> None:
     tl = timeline_from_stamps(_table(2), np.array([5, 1]), np.array([1, 1]), clock_ghz=2.0, kernel="k", max_events=2)
     assert len(tl.tile_ready_ns[0]) == 2
+    # CTA 0's last stamped PV issue is not its last one: its PV wait is unknown, CTA 1's stays
+    assert np.isnan(tl.pv_done_ns[0]) and np.isfinite(tl.pv_done_ns[1]) and np.isfinite(tl.lse_done_ns[0])
 
 
 def test_bad_stamp_tables_are_refused() -> None:
@@ -233,6 +245,10 @@ def test_ablation_figure_shows_ratios_to_flashmla_and_their_geomeans(tmp_path) -
         ablation_figure(prof.drop(columns=["flashmla_us"]))
     with pytest.raises(ValueError, match="goal"):
         ablation_figure(prof, goal=0)
+    with pytest.raises(ValueError, match="must have rows"):
+        ablation_figure(prof.iloc[:0])
+    with pytest.raises(ValueError, match="positive"):
+        ablation_figure(prof.assign(full_no_qk_us=[-1.0, 2.0]))
     with pytest.raises(TypeError, match="DataFrame"):
         ablation_figure(prof.to_dict())
 

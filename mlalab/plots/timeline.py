@@ -35,7 +35,7 @@ PHASES = (
     ("header: plan row, first TMAs issued", "start", "issued", "#bbbbbb"),
     ("first tile in flight", "issued", "tile0", "#f2c14e"),
     ("scores (QK) + V", "tile", "qk_done", "#3b7dd8"),
-    ("softmax, P, refill, PV issued", "qk_done", "pv_issued", "#e4572e"),
+    ("softmax, P, PV issued", "qk_done", "pv_issued", "#e4572e"),  # (and the refill, before run 9)
     ("waiting for the next tile", "pv_issued", "next_tile", "#f2c14e"),
     ("last PV + epilogue (output stores)", "pv_issued", "work_done", "#2a9d8f"),
     # recorded from 2026-12-03's second profile on: the epilogue of each CTA's last work in two parts
@@ -169,7 +169,8 @@ ABLATIONS = (
 
 
 def load_ablation_profile(path: str | None = None) -> pd.DataFrame:
-    """The newest ``*_profile.csv`` in data/profiles that has the ablation columns (or `path`), with its file name
+    """The newest ``*_profile.csv`` in data/profiles that has the ablation columns (newest = last in name order, as
+    the files are named ``<device>_<date>[session]_profile.csv``; or `path`), with its file name
     in column ``run``: per shape (``B``, ``L``) FlashMLA fp8's µs (``flashmla_us``) and the `ABLATIONS` columns."""
     need = ["B", "L", "flashmla_us", *(c for c, _ in ABLATIONS)]
     if path is None:
@@ -200,6 +201,8 @@ def ablation_figure(profile: pd.DataFrame, goal: float = 0.65) -> go.Figure:
         raise ValueError(f"profile lacks columns {missing} (load it with load_ablation_profile)")
     if isinstance(goal, bool) or not (isinstance(goal, float | int) and goal > 0):
         raise ValueError(f"goal must be a positive ratio, got {goal!r}")
+    if profile.empty or not (profile[need[2:]] > 0).all().all():
+        raise ValueError("profile must have rows, every time a positive number of µs")
     d = profile.sort_values(["L", "B"])
     shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
     fig = go.Figure()

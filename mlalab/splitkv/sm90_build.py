@@ -58,8 +58,8 @@ class _Sm90Driver:
 
 
 def sass_counts(sass: str) -> dict[str, int]:
-    """Opcode counts of a ``cuobjdump -sass`` listing (memory, MMA and barrier opcodes keep their modifiers)."""
-    keep = ("LDS", "STS", "LDG", "STG", "LDL", "STL", "QGMMA", "HGMMA", "HMMA", "UTMALDG", "BAR")
+    """Opcode counts of a ``cuobjdump -sass`` listing (memory, MMA, barrier and SFU opcodes keep their modifiers)."""
+    keep = ("LDS", "STS", "LDG", "STG", "LDL", "STL", "QGMMA", "HGMMA", "HMMA", "UTMALDG", "BAR", "MUFU")
     c: collections.Counter[str] = collections.Counter()
     for line in sass.splitlines():
         m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_x]+)*)", line)
@@ -79,11 +79,17 @@ def _tool(name: str) -> str:
 
 
 def compile_hopper(
-    stages: int = 3, *, mask_tail: bool = False, variant: str = "vt-smem", timeline: bool = False, ablate: int = 0
+    stages: int = 3,
+    *,
+    mask_tail: bool = False,
+    variant: str = "vt-smem",
+    timeline: bool = False,
+    ablate: int = 0,
+    refill_after_pv: bool = True,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
-    real kernel); see the module docstring."""
+    real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -91,6 +97,10 @@ def compile_hopper(
 
     if variant not in ("vt-smem", "v-regs"):
         raise ValueError(f"variant must be 'vt-smem' or 'v-regs', got {variant!r}")
+    if ablate not in (0, 1, 2) or isinstance(ablate, bool):
+        raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV), got {ablate!r}")
+    if not isinstance(refill_after_pv, bool):
+        raise TypeError(f"refill_after_pv must be True or False, got {refill_after_pv!r}")
 
     driver.set_active(_Sm90Driver())
     q = torch.zeros(4 * 16, 576, dtype=torch.float8_e4m3fn)
@@ -110,7 +120,7 @@ def compile_hopper(
                 one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
-                ABLATE=ablate, REFILL_AFTER_PV=True, REPORT=True, num_warps=4, grid=(1,),
+                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

@@ -7,9 +7,9 @@ work's output is stored (`gluon_hopper.TIMELINE_COLS`).
 `timeline_from_stamps` turns that table into times in nanoseconds from the first CTA's start. Cycle counts are
 converted with the SM clock *of that launch*: each CTA stamps both its cycle counter and the global nanosecond timer
 at its start and end, and the median of cycles / ns over the CTAs that ran at least 2 µs is the clock (the global
-timer alone is too coarse for sub-microsecond events). Under a memory-bound load the H200 runs at 1.73-1.83 GHz,
+timer alone is too coarse for sub-microsecond events). Under a memory-bound load the H200 runs at 1.70-1.83 GHz,
 not the 1.98 GHz that an idle spin kernel (`measure_clock_ghz`) sees: converting with the idle clock, as the
-timelines recorded before 2026-12-03's second profile did, under-states every duration by 8-13 %.
+timelines recorded before 2026-12-03's second profile did, under-states every duration by 8-14 %.
 
 Get one with `TritonDecoder.stage1_timeline()` (GPU only); `CtaTimeline.summary()` answers "where does the
 time go" (launch skew, time to the first tile, per-tile interval and its parts, epilogue, tail) and
@@ -38,11 +38,12 @@ class CtaTimeline:
     issued_ns: np.ndarray  # (n_cu,) the first TMAs in flight (after the plan header's round trip)
     tile_ready_ns: tuple[np.ndarray, ...]  # per CTA: when each of its tiles had arrived in shared memory
     qk_done_ns: tuple[np.ndarray, ...]  # per CTA and tile: scores done (and, vt-smem, Vᵀ stored)
-    pv_issued_ns: tuple[np.ndarray, ...]  # per CTA and tile: softmax done, refill and PV issued
+    pv_issued_ns: tuple[np.ndarray, ...]  # per CTA and tile: softmax done and PV issued (the refill follows)
     work_done_ns: tuple[np.ndarray, ...]  # per CTA: when each of its works' outputs were stored
-    pv_done_ns: np.ndarray  # (n_cu,) the last work's final PV completed (NaN: the CTA had no work)
+    pv_done_ns: np.ndarray  # (n_cu,) the last work's final PV completed (NaN: no work, or more tiles than stamped)
     lse_done_ns: np.ndarray  # (n_cu,) the last work's softmax sum reduced (then: normalise and store the output)
-    clock_source: str = "launch"  # "launch": calibrated on the launch's own stamps; "given": passed by the caller
+    clock_source: str = "launch"  # "launch": the launch's own stamps; "given": passed by the caller; "idle-spin":
+    # `measure_clock_ghz` (no CTA ran long enough to calibrate on, `TritonDecoder.stage1_timeline`)
 
     @property
     def n_cu(self) -> int:
@@ -118,7 +119,7 @@ def launch_clock_ghz(stamps: np.ndarray) -> float | None:
 
 def timeline_from_stamps(
     stamps: np.ndarray, tiles_per_cta: np.ndarray, works_per_cta: np.ndarray, *, clock_ghz: float | None = None,
-    kernel: str, max_events: int,
+    kernel: str, max_events: int, clock_source: str = "given",
 ) -> CtaTimeline:  # fmt: skip
     """Convert the kernel's stamp table (n_cu, 8 + 4·max_events) int64 into a `CtaTimeline` (see the module doc).
 
@@ -134,7 +135,9 @@ def timeline_from_stamps(
         raise ValueError(f"tiles_per_cta and works_per_cta must have shape ({n_cu},)")
     if (stamps[:, 1] < stamps[:, 0]).any() or (stamps[:, 3] < stamps[:, 2]).any():
         raise ValueError("a CTA ended before it started: the stamp table was not written by one complete launch")
-    source = "given"
+    if clock_source not in ("given", "idle-spin"):
+        raise ValueError(f"clock_source of a passed clock must be 'given' or 'idle-spin', got {clock_source!r}")
+    source = clock_source
     if clock_ghz is None:
         clock_ghz, source = launch_clock_ghz(stamps), "launch"
         if clock_ghz is None:
@@ -164,7 +167,13 @@ def timeline_from_stamps(
         qk_done_ns=tuple(qk),
         pv_issued_ns=tuple(pv),
         work_done_ns=tuple(works),
-        pv_done_ns=np.array([at(c, stamps[c, 5:6])[0] if works_per_cta[c] else np.nan for c in range(n_cu)]),
+        # paired with the last stamped PV issue: meaningless when the CTA streamed more tiles than were stamped
+        pv_done_ns=np.array(
+            [
+                at(c, stamps[c, 5:6])[0] if works_per_cta[c] and tiles_per_cta[c] <= max_events else np.nan
+                for c in range(n_cu)
+            ]
+        ),  # fmt: skip
         lse_done_ns=np.array([at(c, stamps[c, 6:7])[0] if works_per_cta[c] else np.nan for c in range(n_cu)]),
         clock_source=source,
     )

@@ -340,6 +340,10 @@ class TritonDecoder:
 
         if not isinstance(prepared, PreparedInputs):
             raise TypeError(f"prepared must be a PreparedInputs (see prepare()), got {type(prepared).__name__}")
+        flags = [f.name for f in dataclasses.fields(config) if f.type in ("bool", bool)]
+        wrong = [f"{n}={getattr(config, n)!r}" for n in flags if not isinstance(getattr(config, n), bool)]
+        if wrong:
+            raise TypeError(f"KernelConfig switches must be True or False, got {', '.join(wrong)}")
         if out_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
         if config.block_n < 16 or config.block_n & (config.block_n - 1):
@@ -350,10 +354,6 @@ class TritonDecoder:
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         if config.hopper_variant not in ("auto", *HOPPER_VARIANTS):
             raise ValueError(f"hopper_variant must be 'auto', 'vt-smem' or 'v-regs', got {config.hopper_variant!r}")
-        flags = [f.name for f in dataclasses.fields(config) if f.type in ("bool", bool)]
-        wrong = [f"{n}={getattr(config, n)!r}" for n in flags if not isinstance(getattr(config, n), bool)]
-        if wrong:
-            raise TypeError(f"KernelConfig switches must be True or False, got {', '.join(wrong)}")
         if config.hopper_ablate not in HOPPER_ABLATIONS:
             raise ValueError(f"hopper_ablate must be one of {', '.join(map(repr, HOPPER_ABLATIONS))}, "
                              f"got {config.hopper_ablate!r}")  # fmt: skip
@@ -485,7 +485,7 @@ class TritonDecoder:
         ghz = None if launch_clock_ghz(stamps) is not None else measure_clock_ghz(self.out.device)
         return timeline_from_stamps(
             stamps, self.tile_indptr.diff().cpu().numpy(), self.plan.work_indptr.diff().cpu().numpy(),
-            clock_ghz=ghz, kernel=self.ran, max_events=most,
+            clock_ghz=ghz, kernel=self.ran, max_events=most, clock_source="idle-spin",
         )  # fmt: skip
 
     def _stage1_hopper(self, q: torch.Tensor, kv: torch.Tensor, timeline: torch.Tensor | None = None) -> None:
