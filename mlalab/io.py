@@ -1,15 +1,17 @@
 """Atomic file writes: a temporary file in the target's folder, then `os.replace`, so a reader (or a crash in the
-middle of a write) never sees a half-written file. Used by `mlalab.accuracy.save_table` and `mlalab.timing.write_csv`.
+middle of a write) never sees a half-written file. Used by `mlalab.accuracy.save_table`, `mlalab.timing.write_csv`
+and (`write_rows_csv`) the GPU scripts' result tables.
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["atomic_write", "main"]
+__all__ = ["atomic_write", "write_rows_csv", "main"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
@@ -35,6 +37,24 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
         if os.path.exists(tmp):
             os.unlink(tmp)
     return p
+
+
+def write_rows_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, object]]) -> Path:
+    """Write dict rows as CSV atomically (`atomic_write`); the columns are every key, in order of first appearance
+    (a row without a key leaves that cell empty)."""
+    if isinstance(rows, (str, bytes, Mapping)) or not all(isinstance(r, Mapping) for r in rows):
+        raise TypeError("rows must be a sequence of dicts (column -> value)")
+    if not rows:
+        raise ValueError("rows is empty: nothing to write")
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+
+    return atomic_write(path, write)
 
 
 def main() -> None:

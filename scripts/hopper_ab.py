@@ -11,7 +11,6 @@ calls over KV copies rotated past the L2) on the competition shapes. Prints one 
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import time
 
@@ -20,6 +19,7 @@ import torch
 from mlalab.backends.triton import build_plan, make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs, ragged_kv_lens
+from mlalab.io import write_rows_csv
 from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder, naive_decode, prepare
 from mlalab.timing import copy_bandwidth, rotation_copies, time_callable
 
@@ -135,11 +135,8 @@ def main() -> None:
     if "flashmla" in geo:
         print("vs flashmla" + " ".join(f"{geo[c] / geo['flashmla']:9.3f}" for c in cols))
     print("checks: " + ", ".join(f"{n}={'PASS' if good[n] else 'FAIL'}" for n in names))
-    if a.out:
-        with open(a.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["B", "L", *cols, "floor"])
-            w.writeheader()
-            w.writerows(rows)
+    if a.out and rows:
+        write_rows_csv(a.out, [{k: r.get(k) for k in ("B", "L", *cols, "floor")} for r in rows])
 
 
 if __name__ == "__main__":

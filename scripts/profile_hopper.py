@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import json
 import math
@@ -29,6 +28,7 @@ import triton
 from mlalab.backends.triton import make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs
+from mlalab.io import write_rows_csv
 from mlalab.timing import copy_bandwidth, rotation_copies, time_callable
 
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
@@ -118,13 +118,9 @@ def main() -> None:
         del x
         torch.cuda.empty_cache()
     if a.out_dir:
-        os.makedirs(a.out_dir, exist_ok=True)
         for name, data in (("profile.csv", rows), ("timeline_events.csv", events)):
-            keys = list(dict.fromkeys(k for r in data for k in r))
-            with open(os.path.join(a.out_dir, name), "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(data)
+            if data:
+                write_rows_csv(os.path.join(a.out_dir, name), data)
     if rows and "flashmla_us" in rows[0]:
         for col in ("full_us", "full_old_reduce_us", "full_no_qk_us", "full_no_qk_pv_us"):
             if col in rows[0]:

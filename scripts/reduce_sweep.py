@@ -9,14 +9,13 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 
 import torch
 
 from mlalab.backends.triton import make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs
+from mlalab.io import write_rows_csv
 from mlalab.timing import rotation_copies, time_callable
 
 SHAPES = [(4, 1024), (8, 1024), (16, 1024), (32, 1024), (64, 1024), (4, 8192), (16, 8192), (64, 8192)]
@@ -54,12 +53,7 @@ def main() -> None:
         del x
         torch.cuda.empty_cache()
     if a.out and rows:
-        tmp = a.out + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        os.replace(tmp, a.out)
+        write_rows_csv(a.out, rows)
     best: dict[tuple[int, int], dict] = {}
     for r in rows:
         k = (r["B"], r["L"])

@@ -185,6 +185,21 @@ def test_write_csv_is_atomic(tmp_path: Path) -> None:
         write_csv(["x"], p)  # type: ignore[list-item]
 
 
+def test_script_tables_are_written_atomically_with_every_column(tmp_path: Path) -> None:
+    from mlalab.io import write_rows_csv
+
+    p = tmp_path / "sub" / "prof.csv"
+    write_rows_csv(p, [{"B": 4, "L": 1024, "a": 1.5}, {"B": 8, "L": 1024, "b": "x"}])  # columns: union, first seen
+    df = pd.read_csv(p)
+    assert list(df.columns) == ["B", "L", "a", "b"] and df["a"].isna().tolist() == [False, True]
+    assert sorted(x.name for x in p.parent.iterdir()) == ["prof.csv"]
+    with pytest.raises(ValueError, match="empty"):
+        write_rows_csv(p, [])
+    with pytest.raises(TypeError, match="sequence of dicts"):
+        write_rows_csv(p, {"B": 4})  # type: ignore[arg-type]
+    assert len(pd.read_csv(p)) == 2  # the refused writes left the file alone
+
+
 @pytest.mark.gpu
 def test_suite_rewrites_the_csv_after_each_shape(tmp_path: Path) -> None:
     out = tmp_path / "s.csv"
