@@ -167,25 +167,31 @@ ABLATIONS = (
     ("full_no_qk_pv_us", "… with both wgmmas skipped"),
 )
 
+#: what an ablation profile must hold: the shape, FlashMLA fp8's µs and the `ABLATIONS` columns
+_ABLATION_COLUMNS = ("B", "L", "flashmla_us", *(c for c, _ in ABLATIONS))
+
+
+def _check_ablations(df: pd.DataFrame, missing_msg: str, times_msg: str) -> None:
+    missing = [c for c in _ABLATION_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{missing_msg} {missing} (scripts/profile_hopper.py --ablations)")
+    if df.empty or not (df[list(_ABLATION_COLUMNS[2:])] > 0).all().all():
+        raise ValueError(times_msg)
+
 
 def load_ablation_profile(path: str | None = None) -> pd.DataFrame:
     """The newest ``*_profile.csv`` in data/profiles that has the ablation columns (newest = last in name order, as
     the files are named ``<device>_<date>[session]_profile.csv``; or `path`), with its file name
     in column ``run``: per shape (``B``, ``L``) FlashMLA fp8's µs (``flashmla_us``) and the `ABLATIONS` columns."""
-    need = ["B", "L", "flashmla_us", *(c for c, _ in ABLATIONS)]
     if path is None:
         files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_profile.csv")))
-        files = [f for f in files if set(need) <= set(pd.read_csv(f, nrows=0).columns)]
+        files = [f for f in files if set(_ABLATION_COLUMNS) <= set(pd.read_csv(f, nrows=0).columns)]
         if not files:
             raise FileNotFoundError(f"no *_profile.csv with ablations in {PROFILE_DIR} (record one with "
                                     "scripts/profile_hopper.py --ablations --out-dir)")  # fmt: skip
         path = files[-1]
     df = pd.read_csv(path)
-    missing = [c for c in need if c not in df.columns]
-    if missing:
-        raise ValueError(f"{path} has no ablation columns {missing} (scripts/profile_hopper.py --ablations)")
-    if df.empty or not (df[need[2:]] > 0).all().all():
-        raise ValueError(f"{path}: every time must be a positive number of µs")
+    _check_ablations(df, f"{path} has no ablation columns", f"{path}: every time must be a positive number of µs")
     return df.assign(run=os.path.basename(path))
 
 
@@ -195,14 +201,9 @@ def ablation_figure(profile: pd.DataFrame, goal: float = 0.65) -> go.Figure:
     skipped" stays above the line, the matrix products are not what keeps a shape from the goal."""
     if not isinstance(profile, pd.DataFrame):
         raise TypeError(f"profile must be a pandas DataFrame, got {type(profile).__name__}")
-    need = ["B", "L", "flashmla_us", *(c for c, _ in ABLATIONS)]
-    missing = [c for c in need if c not in profile.columns]
-    if missing:
-        raise ValueError(f"profile lacks columns {missing} (load it with load_ablation_profile)")
     if isinstance(goal, bool) or not (isinstance(goal, float | int) and goal > 0):
         raise ValueError(f"goal must be a positive ratio, got {goal!r}")
-    if profile.empty or not (profile[need[2:]] > 0).all().all():
-        raise ValueError("profile must have rows, every time a positive number of µs")
+    _check_ablations(profile, "profile lacks columns", "profile must have rows, every time a positive number of µs")
     d = profile.sort_values(["L", "B"])
     shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
     fig = go.Figure()
