@@ -25,6 +25,7 @@ from mlalab.config import DecodeCase
 from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.splitkv import PLANNERS, make_plan
 from mlalab.splitkv.triton_mla import (
+    HOPPER_MAX_STAGES,
     KernelConfig,
     TritonDecoder,
     hopper_import_error,
@@ -66,8 +67,8 @@ def test_refusals_name_the_reason() -> None:
         TritonDecoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="hopper"))
     with pytest.raises(ValueError, match="kernel must be 'auto', 'hopper' or 'portable'"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(kernel="cuda"))
-    with pytest.raises(ValueError, match="hopper_stages must be 1, 2 or 3"):
-        TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=4))
+    with pytest.raises(ValueError, match="hopper_stages must be 1 to 5"):
+        TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=6))
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -102,9 +103,10 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "from mlalab.splitkv.sm90_build import compile_hopper\n"
+        "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES\n"
         "for v in ('vt-smem', 'v-regs'):\n"
-        "  for st in (1, 2, 3):\n"
-        "    r = compile_hopper(st, variant=v)\n"
+        "  for st in range(1, HOPPER_MAX_STAGES[v] + 1):\n"
+        "    r = compile_hopper(st, variant=v, q_first=st >= 4)\n"
         "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
@@ -114,7 +116,7 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == 6, r.stdout
+    assert len(rows) == sum(HOPPER_MAX_STAGES.values()), r.stdout
     for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(stack) == 0, r.stdout  # nothing in local memory
         assert local == "0", r.stdout  # no local loads/stores, no byte-wise shared loads
@@ -155,7 +157,7 @@ def test_partial_row_bits_match_the_epilogue_relabellings() -> None:
 
 
 def test_cta_info_rows_and_variant_choice() -> None:
-    from mlalab.splitkv.triton_mla import HOPPER_LONG_STREAM, hopper_cta_info
+    from mlalab.splitkv.triton_mla import HOPPER_INFO_COLS, HOPPER_LONG_STREAM, HOPPER_MAX_STAGES, hopper_cta_info
 
     x = make_inputs(DecodeCase(kv_lens=(0, 130, 5, 4096)))
     p = prepare(x, "a8w8")
@@ -163,14 +165,14 @@ def test_cta_info_rows_and_variant_choice() -> None:
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
     ti, rows = hopper_tiles(p, plan.work_indptr, wi)
     info = hopper_cta_info(plan.work_indptr, ti, rows, wi)
-    assert info.shape == (8, 8) and info.dtype == torch.int32
+    assert info.shape == (8, HOPPER_INFO_COLS) and info.dtype == torch.int32
     for c in range(8):
         w0, w1, t0, t1 = (int(v) for v in info[c, :4])
         assert (w0, w1) == (int(plan.work_indptr[c]), int(plan.work_indptr[c + 1]))
         assert (t0, t1) == (int(ti[c]), int(ti[c + 1]))
-        for i in range(3):  # the rows of its first three tiles, 0 where it has fewer
-            assert int(info[c, 4 + i]) == (int(rows[t0 + i]) if t0 + i < t1 else 0)
-        assert int(info[c, 7]) == (int(wi[w0, 2]) if w0 < w1 else 0)  # q row of its first work
+        assert int(info[c, 4]) == (int(wi[w0, 2]) if w0 < w1 else 0)  # q row of its first work
+        for i in range(max(HOPPER_MAX_STAGES.values())):  # the rows of its first tiles, 0 where it has fewer
+            assert int(info[c, 5 + i]) == (int(rows[t0 + i]) if t0 + i < t1 else 0)
     assert HOPPER_LONG_STREAM >= 1
     with pytest.raises(ValueError, match="hopper_variant must be"):
         TritonDecoder(p, plan, config=KernelConfig(hopper_variant="fast"))
@@ -276,13 +278,16 @@ def test_gpu_production_error_within_5pct_of_quantisation_error_and_close_to_por
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 def test_gpu_rotated_kv_copies_and_stage_counts() -> None:
     """Timing calls the decoder on KV copies: each copy gets its own TMA descriptors (a stale descriptor would
-    read the first copy). Every ring depth, with or without the dependent launches, with the ring's refill issued
-    before or after the PV, gives the same output."""
+    read the first copy). Every ring depth (q fetched before or after the ring's tiles), with or without the
+    dependent launches, with the ring's refill issued before or after the PV, gives the same output."""
     x = make_inputs(DecodeCase(kv_lens=(3000, 17, 800), seed=12)).to("cuda")
     p = prepare(x, "a8w8")
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    with pytest.raises(ValueError, match="vt-smem path holds at most 3 tiles"):
+        TritonDecoder(p, plan, config=KernelConfig(hopper_variant="vt-smem", hopper_stages=4))
     for variant in ("vt-smem", "v-regs"):
-        cfgs = [KernelConfig(hopper_variant=variant, hopper_stages=s) for s in (1, 2, 3)]
+        depths = range(1, HOPPER_MAX_STAGES[variant] + 1)
+        cfgs = [KernelConfig(hopper_variant=variant, hopper_stages=s, hopper_q_first=s % 2 == 0) for s in depths]
         outs = [TritonDecoder(p, plan, config=c)()[0].clone() for c in cfgs]
         outs.append(TritonDecoder(p, plan, config=KernelConfig(hopper_variant=variant, pdl=False))()[0].clone())
         early = KernelConfig(hopper_variant=variant, hopper_refill_after_pv=False)  # the refill's issue point

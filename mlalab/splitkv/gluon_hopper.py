@@ -117,6 +117,22 @@ _V_LOAD = gl.BlockedLayout([16, 16], [1, 32], [4, 1], [1, 0])
 
 
 @gluon.jit
+def _clock():
+    """The SM's cycle counter."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _ramp_wait(t0, k: gl.constexpr, RAMP: gl.constexpr, n_tiles):
+    """Spin until ``k · RAMP`` cycles after `t0` (the ring's tile k goes out then), if tile k exists."""
+    if RAMP > 0:  # noqa: SIM102
+        if k < n_tiles:
+            t = _clock()
+            while t - t0 < k * RAMP:
+                t = _clock()
+
+
+@gluon.jit
 def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, NUM_STAGES: gl.constexpr):
     """TMA the CTA's tile number `it` (KV row `row` onwards), if it exists, into ring stage ``it % NUM_STAGES``."""
     if it < n_tiles:
@@ -211,7 +227,7 @@ def _store_chunk(o, DST, base, n_valid, d0: gl.constexpr, D_NOPE: gl.constexpr, 
 def _stage1_kernel(
     qn_desc, qr_desc,  # TMA descriptors of q viewed as (total_q·16, 576) fp8: dims [0, 512) and [512, 576)
     kn_desc, kr_desc,  # TMA descriptors of the KV rows (rows, 576) fp8: dims [0, 512) and [512, 576)
-    CTA_INFO,  # (n_cu, 8) int32: first work, end work, first tile, end tile, rows of tiles 0..2, q row of work 0
+    CTA_INFO,  # (n_cu, INFO_COLS) int32: first work, end work, first tile, end tile, q row of work 0, rows of tiles 0..
     WORK_INFO,  # (n_work, 8) int32, kv positions in tokens (token_work_info)
     TILE_ROWS,  # int32 KV row of each tile's first token, in the order the CTAs consume them
     OUT, OUT_LSE, PART_O, PART_LSE,
@@ -226,13 +242,17 @@ def _stage1_kernel(
     REPORT: gl.constexpr,  # print the V bank-conflict counts while compiling (sm90_build)
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV)
+    Q_FIRST: gl.constexpr,  # the first work's q TMA before the ring's first tiles (else after them)
+    RAMP: gl.constexpr,  # SM cycles between the ring's first tile issues (0: all at once)
+    CLUSTER: gl.constexpr,  # launched as clusters of CLUSTER CTAs that merge their split requests (0: no merge)
+    INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
     gl.static_assert(BLOCK_N == 64, "the V layouts are written for 64-token tiles")
     gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
-    gl.static_assert(NUM_STAGES <= 3, "CTA_INFO lists the rows of the first three tiles")
+    gl.static_assert(NUM_STAGES <= 5 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)  # fmt: skip
@@ -242,15 +262,25 @@ def _stage1_kernel(
         _stamp(tl_row, 2)
     # The CTA's header, the scales and the first tiles' rows: independent loads, so ONE round trip before the
     # first TMAs (loads written between TMA issues would each wait for the previous issue: measured 3.6 us).
-    head = CTA_INFO + gl.program_id(0) * 8
+    head = CTA_INFO + gl.program_id(0) * INFO_COLS
     w_begin = gl.load(head)
     w_end = gl.load(head + 1)
     t_begin = gl.load(head + 2)
     t_end = gl.load(head + 3)
-    row0 = gl.load(head + 4)
-    row1 = gl.load(head + 5)
-    row2 = gl.load(head + 6)
-    q_row0 = gl.load(head + 7)
+    q_row0 = gl.load(head + 4)
+    row0 = gl.load(head + 5)
+    if NUM_STAGES > 1:
+        row1 = gl.load(head + 6)
+    if NUM_STAGES > 2:
+        row2 = gl.load(head + 7)
+    if NUM_STAGES > 3:
+        row3 = gl.load(head + 8)
+    if NUM_STAGES > 4:
+        row4 = gl.load(head + 9)
+    if CLUSTER > 1:  # the cluster merge of the last work (`triton_mla.hopper_cluster_merges`)
+        m_idx = gl.load(head + INFO_COLS - 3)  # index in its merge group, -1: not merged here
+        m_row0 = gl.load(head + INFO_COLS - 2)  # partial row of the group's first member
+        m_qrow = gl.load(head + INFO_COLS - 1)  # q row of the merged output
     q_scale = gl.load(Q_SCALE)
     v_scale = gl.load(KV_SCALE)
     n_tiles = t_end - t_begin
@@ -278,14 +308,31 @@ def _stage1_kernel(
     if WAIT_PRIOR:  # everything above is plan data and setup; q, the KV and our outputs belong to the stream order
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
-    # Fill the ring and fetch the first work's q before anything else.
+    # Fill the ring and fetch the first work's q before anything else. With Q_FIRST, q's 18 KB go out ahead of the
+    # ring's tiles: issued after them, q queues behind up to 5 x 36 KB per SM and the first tile cannot start
+    # before it arrives.
+    if Q_FIRST:  # noqa: SIM102
+        if w_begin < w_end:
+            _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
     _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, NUM_STAGES)
+    # RAMP > 0: the ring's later tiles go out RAMP SM cycles apart. Issued together, every SM's tiles share the HBM
+    # and a tile is complete only when its last line lands, so tile 0 arrives with the last of them.
+    t_ramp = _clock()
     if NUM_STAGES > 1:
+        _ramp_wait(t_ramp, 1, RAMP, n_tiles)
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES)
     if NUM_STAGES > 2:
+        _ramp_wait(t_ramp, 2, RAMP, n_tiles)
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES)
-    if w_begin < w_end:
-        _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
+    if NUM_STAGES > 3:
+        _ramp_wait(t_ramp, 3, RAMP, n_tiles)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row3, 3, n_tiles, NUM_STAGES)
+    if NUM_STAGES > 4:
+        _ramp_wait(t_ramp, 4, RAMP, n_tiles)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row4, 4, n_tiles, NUM_STAGES)
+    if not Q_FIRST:  # noqa: SIM102
+        if w_begin < w_end:
+            _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
     if TIMELINE:
         _stamp(tl_row, 4)
     # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
@@ -395,6 +442,13 @@ def _stage1_kernel(
             if j < TIMELINE_MAX:
                 _stamp(tl_row, 8 + 3 * TIMELINE_MAX + j)
 
+    if CLUSTER > 1:
+        # Every CTA of the cluster arrives (releasing its partial stores at cluster scope) and waits for the others
+        # (acquiring theirs); then each member of a merge group merges its 512 / CLUSTER value dims of the group's
+        # partials, read from L2, into the final output: no reduce kernel for these requests.
+        _cluster_sync()
+        if m_idx >= 0:
+            _cluster_merge(PART_O, PART_LSE, OUT, OUT_LSE, m_row0, m_idx, m_qrow, H, D_NOPE, CLUSTER)
     if TIMELINE:
         _stamp(tl_row, 3)
         _stamp(tl_row, 1, GLOBAL=True)
@@ -402,6 +456,51 @@ def _stage1_kernel(
         mbarrier.invalidate(ready.index(i))
     for i in gl.static_range(2):
         mbarrier.invalidate(q_bar.index(i))
+
+
+@gluon.jit
+def _cluster_sync():
+    """All threads of all CTAs of the cluster: arrive with release semantics, wait with acquire semantics (writes
+    before the barrier, global ones included, are visible to every thread of the cluster after it)."""
+    gl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; // $0",
+                              "=r", [], dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _cluster_merge(PART_O, PART_LSE, OUT, OUT_LSE, row0, idx, q_row, H: gl.constexpr, D_NOPE: gl.constexpr,
+                   C: gl.constexpr):  # fmt: skip
+    """Member `idx` of a merge group of C partials (rows ``row0 .. row0 + C``, head-minor fp32 (512, 16) each, with
+    natural-log LSEs): value dims ``[idx·S, idx·S + S)``, ``S = 512 / C``, of ``o = Σ_p e^(L_p - M) O_p / Σ_p
+    e^(L_p - M)`` in bf16 at q row `q_row`; member 0 also writes the merged LSE. The same merge as
+    `triton_decode.reduce_kernel` (an empty partial has LSE -inf and weight 0; all empty: output 0, LSE -inf)."""
+    S: gl.constexpr = D_NOPE // C
+    # (partial, dim, head): the C partials of one element in one thread's registers (the sum over them stays there);
+    # 4 heads per thread = one 16-byte load; lanes and warps along the dims
+    L3: gl.constexpr = gl.BlockedLayout([C, 1, 4], [1, 8, 4], [1, 4, 1], [2, 1, 0])
+    LPH: gl.constexpr = gl.SliceLayout(1, L3)  # (partial, head)
+    LDH: gl.constexpr = gl.SliceLayout(0, L3)  # (dim, head)
+    offs_p = gl.arange(0, C, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    offs_d = gl.arange(0, S, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    offs_h = gl.arange(0, H, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    prow = (row0 + offs_p).to(gl.int64)
+    o = gl.load(PART_O + (prow * (D_NOPE * H))[:, None, None] + ((idx * S + offs_d) * H)[None, :, None]
+                + offs_h[None, None, :])  # fmt: skip
+    lp_p = gl.arange(0, C, layout=gl.SliceLayout(1, LPH))
+    lp_h = gl.arange(0, H, layout=gl.SliceLayout(0, LPH))
+    lse = gl.load(PART_LSE + (row0 + lp_p).to(gl.int64)[:, None] * H + lp_h[None, :])  # (C, H)
+    m = gl.max(lse, axis=0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp(lse - m_safe[None, :])  # (C, H), 0 for an empty partial
+    wsum = gl.sum(w, axis=0)
+    acc = gl.sum(o * w[:, None, :], axis=0)  # (S, H)
+    w_safe = gl.where(wsum > 0.0, wsum, 1.0)
+    out = acc / gl.convert_layout(w_safe, gl.SliceLayout(0, LDH))[None, :]
+    od = gl.arange(0, S, layout=gl.SliceLayout(1, LDH))
+    oh = gl.arange(0, H, layout=gl.SliceLayout(0, LDH))
+    base = q_row.to(gl.int64) * H
+    gl.store(OUT + (base + oh[None, :]) * D_NOPE + idx * S + od[:, None], out.to(OUT.dtype.element_ty))
+    if idx == 0:
+        gl.store(OUT_LSE + base + lp_h, gl.where(wsum > 0.0, m_safe + gl.log(w_safe), float("-inf")))
 
 
 stage1_kernel = _stage1_kernel

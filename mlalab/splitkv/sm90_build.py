@@ -86,10 +86,14 @@ def compile_hopper(
     timeline: bool = False,
     ablate: int = 0,
     refill_after_pv: bool = True,
+    q_first: bool = False,
+    ramp: int = 0,
+    cluster: int = 0,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
-    real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``); see the module docstring."""
+    real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``); see the module
+    docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -99,8 +103,13 @@ def compile_hopper(
         raise ValueError(f"variant must be 'vt-smem' or 'v-regs', got {variant!r}")
     if ablate not in (0, 1, 2) or isinstance(ablate, bool):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV), got {ablate!r}")
-    if not isinstance(refill_after_pv, bool):
-        raise TypeError(f"refill_after_pv must be True or False, got {refill_after_pv!r}")
+    for name, flag in (("refill_after_pv", refill_after_pv), ("q_first", q_first)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    from .triton_mla import HOPPER_INFO_COLS, HOPPER_MAX_STAGES
+
+    if not 1 <= stages <= HOPPER_MAX_STAGES[variant]:
+        raise ValueError(f"stages must be 1 to {HOPPER_MAX_STAGES[variant]} on the {variant} path, got {stages!r}")
 
     driver.set_active(_Sm90Driver())
     q = torch.zeros(4 * 16, 576, dtype=torch.float8_e4m3fn)
@@ -114,13 +123,14 @@ def compile_hopper(
     os.environ["TRITON_CACHE_DIR"] = cache
     try:
         with contextlib.redirect_stdout(printed):  # gl.static_print: the bank-conflict counts
-            plan_args = (i32(132 * 8), i32(8 * 8), i32(64))  # CTA_INFO, WORK_INFO, TILE_ROWS
+            plan_args = (i32(132 * HOPPER_INFO_COLS), i32(8 * 8), i32(64))  # CTA_INFO, WORK_INFO, TILE_ROWS
             ck = G.stage1_kernel.warmup(
                 *G.make_descriptors(q, kv, 16), *plan_args, out, lse, po, pl, one,
                 one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
-                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, REPORT=True, num_warps=4, grid=(1,),
+                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, RAMP=ramp, CLUSTER=cluster,
+                INFO_COLS=HOPPER_INFO_COLS, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:
@@ -151,8 +161,10 @@ def compile_hopper(
 
 def main() -> None:
     """Print the build report of each ring depth (run on any machine with Triton; no GPU needed)."""
+    from .triton_mla import HOPPER_MAX_STAGES
+
     for variant in ("vt-smem", "v-regs"):
-        for stages in (1, 2, 3):
+        for stages in range(1, HOPPER_MAX_STAGES[variant] + 1):
             r = compile_hopper(stages, variant=variant)
             top = sorted(r.sass.items(), key=lambda kv: -kv[1])[:12]
             print(f"{variant} stages {stages}: {r.registers} registers, {r.stack_bytes} B stack, "
