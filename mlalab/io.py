@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["atomic_write", "write_rows_csv", "main"]
+__all__ = ["atomic_write", "write_rows_csv", "natural_key", "main"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
@@ -55,6 +56,14 @@ def write_rows_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, obj
             w.writerows(rows)
 
     return atomic_write(path, write)
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key that orders the numbers inside a name by value (``run10`` after ``run9``, ``s10`` after ``s9b``): how
+    the newest recorded file is found among names that number their runs."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    return tuple((1, int(t)) if t.isdigit() else (0, t) for t in re.split(r"(\d+)", name) if t)
 
 
 def main() -> None:

@@ -23,8 +23,7 @@ from mlalab.io import write_rows_csv
 from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder, naive_decode, prepare
 from mlalab.timing import copy_bandwidth, rotation_copies, time_callable
 
-#: name -> (plan slots per SM, KernelConfig knobs); slots per SM 0 = the largest multiple of 16 <= the SM count
-#: (128 on the H200: clusters of up to 16 tile it). v1 / v2: the two sm_90 kernels as they were compared on
+#: name -> (plan slots per SM, KernelConfig knobs). v1 / v2: the two sm_90 kernels as they were compared on
 #: 2026-12-02 (`hopper_variant` vt-smem / v-regs); v2x2: v-regs with two CTAs per SM (264 plan slots, 2 stages).
 VARIANTS: dict[str, tuple[int, dict]] = {
     "v1": (1, dict(hopper_variant="vt-smem", hopper_stages=3)),
@@ -34,24 +33,14 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # the ring refill issued before the PV (the code up to 2026-12-03's run 8) instead of after it
     "v1-early": (1, dict(hopper_variant="vt-smem", hopper_stages=3, hopper_refill_after_pv=False)),
     "v2-early": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_refill_after_pv=False)),
-    # the first work's q fetched before the ring's tiles (v2q), and deeper rings (v2s4 / v2s5: 4 / 5 stages)
+    # the first work's q fetched before the ring's tiles (v2q; the default since 2026-12-03's session 7) or after them
+    # (v2-qlast: the code of run 9), and deeper rings (v2s4 / v2s5: 4 / 5 stages)
     "v2q": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_q_first=True)),
-    "v2s4": (1, dict(hopper_variant="v-regs", hopper_stages=4)),
+    "v2-qlast": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_q_first=False)),
+    "v2s4": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=False)),
     "v2s4q": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=True)),
     "v2s5q": (1, dict(hopper_variant="v-regs", hopper_stages=5, hopper_q_first=True)),
-    # the ring's first tiles issued N SM cycles apart (v2q-rN)
-    **{
-        f"v2q-r{n}": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_q_first=True, hopper_ramp_cycles=n))
-        for n in (300, 600, 1200, 2400)
-    },
-    # 128 plan slots, without and with the cluster merge of split requests in stage 1
-    "v2q128": (0, dict(hopper_variant="v-regs", hopper_q_first=True)),
-    "v2qc": (0, dict(hopper_variant="v-regs", hopper_q_first=True, hopper_cluster_merge=True)),
 }
-
-
-def plan_slots(sms: int, per_sm: int) -> int:
-    return sms * per_sm if per_sm else sms // 16 * 16
 
 
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
@@ -68,13 +57,9 @@ def check(name: str, sms: int) -> bool:
         ref, ref_lse = naive_decode(p)
         live = ref.norm(dim=-1) > 0
         for planner in ("simple", "balanced"):
-            plan = build_plan(x, planner, plan_slots(sms, per_sm), **({"block": 128} if planner == "simple" else {}))
+            plan = build_plan(x, planner, sms * per_sm, **({"block": 128} if planner == "simple" else {}))
             try:
                 dec = TritonDecoder(p, plan, config=KernelConfig(kernel="hopper", **knobs))
-                if knobs.get("hopper_cluster_merge"):
-                    print(f"  {name} {planner} lens={str(lens)[:30]}: cluster {dec.cluster.size}, "
-                          f"{dec.cluster.tiles.numel()} requests merged in stage 1, "
-                          f"{dec.split_tiles.numel()} by the reduce", flush=True)  # fmt: skip
                 for rep in range(2):  # twice: a second call on the same decoder must give the same result
                     dec.out.fill_(float("nan"))
                     dec.lse.fill_(float("nan"))
@@ -137,7 +122,7 @@ def main() -> None:
         for name in names:
             per_sm, knobs = VARIANTS[name]
             try:
-                slots = plan_slots(sms, per_sm)
+                slots = sms * per_sm
                 call, info = make_callable(x, precision="a8w8", n_copies=n, num_cus=slots, kernel="hopper", **knobs)
                 call(0)
                 line[name] = time_callable(call, n)["us_median"]

@@ -24,6 +24,7 @@ SHAPES = [(4, 1024), (8, 1024), (16, 1024), (32, 1024), (64, 1024), (4, 8192), (
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="CSV of every (shape, warps, block_dv) timed")
+    ap.add_argument("--warps", default="1,2,4", help="warps per reduce program to try, e.g. 1,2,4,8,16")
     a = ap.parse_args()
     rows = []
     for B, L in SHAPES:
@@ -36,8 +37,8 @@ def main() -> None:
             continue
         bp, default = dec.reduce_block_p, (dec.reduce_warps, dec.reduce_block_dv)
         ref = call(0).clone()
-        for warps in (1, 2, 4):
-            for bdv in (4, 8, 16, 32, 64, 128):
+        for warps in [int(w) for w in a.warps.split(",")]:
+            for bdv in (4, 8, 16, 32, 64, 128, 256):
                 per_thread = bp * bdv * MLA.num_heads // (32 * warps)
                 if per_thread > 128 or per_thread < 2:
                     continue

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..io import natural_key
+
 __all__ = [
     "PROFILE_DIR",
     "load_timelines",
@@ -28,6 +30,12 @@ PROFILE_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "profiles"
 )
 _COLUMNS = ("B", "L", "cta", "event", "index", "t_ns")
+
+
+def _name_order(path: str) -> tuple:
+    """Newest last: file names in `natural_key` order (``s10`` after ``s9``)."""
+    return natural_key(os.path.basename(path))
+
 
 #: (name, from event, to event, colour): the segments drawn per tile. "from tile i" pairs with "to ... i", except
 #: the wait, which runs from PV issue of tile i to the arrival of tile i + 1 (data or compute of the CTA's next tile).
@@ -47,7 +55,7 @@ PHASES = (
 def load_timelines(path: str | None = None) -> pd.DataFrame:
     """The newest ``*_timeline.csv`` in data/profiles (or `path`), with its file name in column ``run``."""
     if path is None:
-        files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_timeline.csv")))
+        files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_timeline.csv")), key=_name_order)
         if not files:
             raise FileNotFoundError(f"no *_timeline.csv in {PROFILE_DIR} (record one with scripts/profile_hopper.py)")
         path = files[-1]
@@ -180,11 +188,11 @@ def _check_ablations(df: pd.DataFrame, missing_msg: str, times_msg: str) -> None
 
 
 def load_ablation_profile(path: str | None = None) -> pd.DataFrame:
-    """The newest ``*_profile.csv`` in data/profiles that has the ablation columns (newest = last in name order, as
-    the files are named ``<device>_<date>[session]_profile.csv``; or `path`), with its file name
+    """The newest ``*_profile.csv`` in data/profiles that has the ablation columns (newest = last in name order,
+    numbers by value, as the files are named ``<device>_<date>[session]_profile.csv``; or `path`), with its file name
     in column ``run``: per shape (``B``, ``L``) FlashMLA fp8's µs (``flashmla_us``) and the `ABLATIONS` columns."""
     if path is None:
-        files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_profile.csv")))
+        files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_profile.csv")), key=_name_order)
         files = [f for f in files if set(_ABLATION_COLUMNS) <= set(pd.read_csv(f, nrows=0).columns)]
         if not files:
             raise FileNotFoundError(f"no *_profile.csv with ablations in {PROFILE_DIR} (record one with "

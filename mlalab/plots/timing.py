@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..config import DecodeCase
+from ..io import natural_key
 from ..splitkv import WorkPlan, indptrs_for, make_plan
 from ..timing import COMPETITION_SHAPES, parse_config, plan_digest
 from ..traffic import decode_traffic
@@ -98,22 +99,23 @@ def _covers_suite(d: pd.DataFrame, backend: str) -> bool:
 
 
 def default_run(df: pd.DataFrame) -> str:
-    """The newest full suite run (latest date, then file name): a file whose default Triton rows cover all 12
-    competition shapes in every precision (a8w8, a16w8, bf16) and at least one peer's rows all 12 shapes. A run of
-    one precision (e.g. run 5, a8w8 only) is shown when asked for by name. ValueError when no file qualifies."""
+    """The newest full suite run (latest date, then file name in `natural_key` order: run10 after run9): a file whose
+    default Triton rows cover all 12 competition shapes in every precision (a8w8, a16w8, bf16) and at least one
+    peer's rows all 12 shapes. A run of one precision (e.g. run 5, a8w8 only) is shown when asked for by name.
+    ValueError when no file qualifies."""
     df = _check_df(df)
     full = []
     for run, d in df.groupby("run", sort=True):
         d = _default_rows(d, None)
         every_precision = all(_covers_suite(d[d["precision"] == p], "triton") for p in ("a8w8", "a16w8", "bf16"))
         if every_precision and any(_covers_suite(d, p) for p in _PEERS):
-            full.append((str(d["date"].astype(str).max()) if "date" in d else "", str(run)))
+            full.append((str(d["date"].astype(str).max()) if "date" in d else "", natural_key(str(run)), str(run)))
     if not full:
         raise ValueError(
             f"no full suite run (default Triton rows in every precision and a peer on all 12 competition shapes) among "
             f"{', '.join(sorted(df['run'].astype(str).unique())) or 'no files'}: pick a run or best of all"
         )
-    return max(full)[1]
+    return max(full)[2]
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,16 @@ The 512 Oᵀ rows are *not* in natural value-dim order: the transpose stores val
 conflict-free; the epilogue writes row ``m`` to dim ``π(m)``. Tokens stay in natural order (Pᵀ and Vᵀ agree).
 
 Per CTA (one warpgroup of 4 warps; the grid is the plan's slots, one per SM): the works
-``work_info[work_indptr[c]:work_indptr[c+1]]`` are walked in order, their 64-token tiles flattened into one
-stream that a ring of ``NUM_STAGES`` TMA buffers prefetches across work boundaries (the host lists each CTA's
-tile start rows once per plan: `tile_rows`). Per tile: wait for its TMA barrier → issue QK on the tensor cores
-(async) → transpose V → wait → online softmax in base 2 (the running sum is kept per thread and reduced once
-per work) → P (rounded to the KV's fp8 type, aiter's a8w8 numerics) to shared memory → fence + barrier →
-rescale Oᵀ → issue PV (async; it overlaps the next tile's wait and QK) → refill this stage with the tile
-``NUM_STAGES`` ahead (after the PV, which reads Pᵀ and Vᵀ / registers, not the stage: issued before it, the refill
-cost the v-regs path 3.5 % of the geomean, data/profiles/h200_2026-12-03_ab_refill.csv; ``REFILL_AFTER_PV``). Vᵀ and
-Pᵀ are double-buffered so PV(i) never races the writes of tile i+1.
+``work_info[work_indptr[c]:work_indptr[c+1]]`` are walked in order, their 64-token tiles flattened into one stream
+that a ring of ``NUM_STAGES`` TMA buffers prefetches across work boundaries (the host lists each CTA's tile start rows
+once per plan: `tile_rows`; the first work's q goes out before the ring's first tiles, ``Q_FIRST``, 0.718x -> 0.710x
+in data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). Per tile: wait for its TMA barrier → issue QK on the tensor
+cores (async) → transpose V → wait → online softmax in base 2 (the running sum is kept per thread and reduced once per
+work) → P (rounded to the KV's fp8 type, aiter's a8w8 numerics) to shared memory → fence + barrier → rescale Oᵀ →
+issue PV (async; it overlaps the next tile's wait and QK) → refill this stage with the tile ``NUM_STAGES`` ahead
+(after the PV, which reads Pᵀ and Vᵀ / registers, not the stage: issued before it, the refill cost the v-regs path 3.5
+% of the geomean, data/profiles/h200_2026-12-03_ab_refill.csv; ``REFILL_AFTER_PV``). Vᵀ and Pᵀ are double-buffered so
+PV(i) never races the writes of tile i+1.
 Each work ends like the portable kernel's: final bf16 output + LSE when the request is whole, else an fp32 partial +
 natural-log LSE for the reduce (`triton_decode.reduce_kernel`, the same WorkPlan contract). The final output is
 un-permuted (a relabelling of register dims) and converted in 128-dim chunks so that each warp stores 512 contiguous
@@ -38,11 +39,11 @@ h200_2026-12-02_hopper_dev3 vs dev5). Partials are ours alone (only the reduce r
 ``LAUNCH_DEPENDENTS`` every CTA signals at once that the reduce (launched as a programmatic dependent) may start; the
 reduce waits for this grid's writes.
 
-Measured on the H200 (data/timings/h200_2026-12-03_run9.csv, v-regs on every shape): 0.72x FlashMLA fp8's geomean
-over the 12 competition shapes, 91 % of the copy bandwidth at batch 128 × 8192 (96 % in run 8). A CTA spends
-1.24-1.31 µs per tile on this path, 1.06-1.11 on v-regs (data/profiles/h200_2026-12-03s6b_profile.csv, launch clock):
-one warpgroup serialises QK → softmax → PV, and at small batch the fixed chain (header, first tile, epilogue,
-reduce), not bytes, sets the time: with both wgmmas skipped (``ABLATE``) the call would still be 0.67x.
+Measured on the H200 (data/timings/h200_2026-12-03_run10.csv, v-regs on every shape): 0.71x FlashMLA fp8's geomean
+over the 12 competition shapes, 92 % of the copy bandwidth at batch 128 × 8192. A CTA spends 1.24-1.31 µs per tile on
+this path (data/profiles/h200_2026-12-03s6b_profile.csv), 1.01-1.11 on v-regs (h200_2026-12-03s7_profile.csv, launch
+clock): one warpgroup serialises QK → softmax → PV, and at small batch the fixed chain (header, first tile, epilogue,
+reduce), not bytes, sets the time: with both wgmmas skipped (``ABLATE``) the call would be 0.625x.
 
 A sibling, `gluon_hopper_vreg`, feeds V to the PV wgmma from registers instead of a Vᵀ buffer; since the refill moved
 after the PV it is the faster path on every competition shape, and ``hopper_variant="auto"`` runs it
@@ -114,22 +115,6 @@ def _stamp(TL, col, GLOBAL: gl.constexpr = False):
 #: 64-byte-swizzled Vᵀ) are 16-byte vectors. With the row order π below, both are free of bank conflicts
 #: (checked with ``gl.bank_conflicts`` when the kernel is compiled).
 _V_LOAD = gl.BlockedLayout([16, 16], [1, 32], [4, 1], [1, 0])
-
-
-@gluon.jit
-def _clock():
-    """The SM's cycle counter."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _ramp_wait(t0, k: gl.constexpr, RAMP: gl.constexpr, n_tiles):
-    """Spin until ``k · RAMP`` cycles after `t0` (the ring's tile k goes out then), if tile k exists."""
-    if RAMP > 0:  # noqa: SIM102
-        if k < n_tiles:
-            t = _clock()
-            while t - t0 < k * RAMP:
-                t = _clock()
 
 
 @gluon.jit
@@ -243,8 +228,6 @@ def _stage1_kernel(
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV)
     Q_FIRST: gl.constexpr,  # the first work's q TMA before the ring's first tiles (else after them)
-    RAMP: gl.constexpr,  # SM cycles between the ring's first tile issues (0: all at once)
-    CLUSTER: gl.constexpr,  # launched as clusters of CLUSTER CTAs that merge their split requests (0: no merge)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     num_warps: gl.constexpr,
 ):  # fmt: skip
@@ -277,10 +260,6 @@ def _stage1_kernel(
         row3 = gl.load(head + 8)
     if NUM_STAGES > 4:
         row4 = gl.load(head + 9)
-    if CLUSTER > 1:  # the cluster merge of the last work (`triton_mla.hopper_cluster_merges`)
-        m_idx = gl.load(head + INFO_COLS - 3)  # index in its merge group, -1: not merged here
-        m_row0 = gl.load(head + INFO_COLS - 2)  # partial row of the group's first member
-        m_qrow = gl.load(head + INFO_COLS - 1)  # q row of the merged output
     q_scale = gl.load(Q_SCALE)
     v_scale = gl.load(KV_SCALE)
     n_tiles = t_end - t_begin
@@ -315,20 +294,13 @@ def _stage1_kernel(
         if w_begin < w_end:
             _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
     _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, NUM_STAGES)
-    # RAMP > 0: the ring's later tiles go out RAMP SM cycles apart. Issued together, every SM's tiles share the HBM
-    # and a tile is complete only when its last line lands, so tile 0 arrives with the last of them.
-    t_ramp = _clock()
     if NUM_STAGES > 1:
-        _ramp_wait(t_ramp, 1, RAMP, n_tiles)
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES)
     if NUM_STAGES > 2:
-        _ramp_wait(t_ramp, 2, RAMP, n_tiles)
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES)
     if NUM_STAGES > 3:
-        _ramp_wait(t_ramp, 3, RAMP, n_tiles)
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row3, 3, n_tiles, NUM_STAGES)
     if NUM_STAGES > 4:
-        _ramp_wait(t_ramp, 4, RAMP, n_tiles)
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row4, 4, n_tiles, NUM_STAGES)
     if not Q_FIRST:  # noqa: SIM102
         if w_begin < w_end:
@@ -442,13 +414,6 @@ def _stage1_kernel(
             if j < TIMELINE_MAX:
                 _stamp(tl_row, 8 + 3 * TIMELINE_MAX + j)
 
-    if CLUSTER > 1:
-        # Every CTA of the cluster arrives (releasing its partial stores at cluster scope) and waits for the others
-        # (acquiring theirs); then each member of a merge group merges its 512 / CLUSTER value dims of the group's
-        # partials, read from L2, into the final output: no reduce kernel for these requests.
-        _cluster_sync()
-        if m_idx >= 0:
-            _cluster_merge(PART_O, PART_LSE, OUT, OUT_LSE, m_row0, m_idx, m_qrow, H, D_NOPE, CLUSTER)
     if TIMELINE:
         _stamp(tl_row, 3)
         _stamp(tl_row, 1, GLOBAL=True)
@@ -456,51 +421,6 @@ def _stage1_kernel(
         mbarrier.invalidate(ready.index(i))
     for i in gl.static_range(2):
         mbarrier.invalidate(q_bar.index(i))
-
-
-@gluon.jit
-def _cluster_sync():
-    """All threads of all CTAs of the cluster: arrive with release semantics, wait with acquire semantics (writes
-    before the barrier, global ones included, are visible to every thread of the cluster after it)."""
-    gl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; // $0",
-                              "=r", [], dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-
-
-@gluon.jit
-def _cluster_merge(PART_O, PART_LSE, OUT, OUT_LSE, row0, idx, q_row, H: gl.constexpr, D_NOPE: gl.constexpr,
-                   C: gl.constexpr):  # fmt: skip
-    """Member `idx` of a merge group of C partials (rows ``row0 .. row0 + C``, head-minor fp32 (512, 16) each, with
-    natural-log LSEs): value dims ``[idx·S, idx·S + S)``, ``S = 512 / C``, of ``o = Σ_p e^(L_p - M) O_p / Σ_p
-    e^(L_p - M)`` in bf16 at q row `q_row`; member 0 also writes the merged LSE. The same merge as
-    `triton_decode.reduce_kernel` (an empty partial has LSE -inf and weight 0; all empty: output 0, LSE -inf)."""
-    S: gl.constexpr = D_NOPE // C
-    # (partial, dim, head): the C partials of one element in one thread's registers (the sum over them stays there);
-    # 4 heads per thread = one 16-byte load; lanes and warps along the dims
-    L3: gl.constexpr = gl.BlockedLayout([C, 1, 4], [1, 8, 4], [1, 4, 1], [2, 1, 0])
-    LPH: gl.constexpr = gl.SliceLayout(1, L3)  # (partial, head)
-    LDH: gl.constexpr = gl.SliceLayout(0, L3)  # (dim, head)
-    offs_p = gl.arange(0, C, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
-    offs_d = gl.arange(0, S, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-    offs_h = gl.arange(0, H, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    prow = (row0 + offs_p).to(gl.int64)
-    o = gl.load(PART_O + (prow * (D_NOPE * H))[:, None, None] + ((idx * S + offs_d) * H)[None, :, None]
-                + offs_h[None, None, :])  # fmt: skip
-    lp_p = gl.arange(0, C, layout=gl.SliceLayout(1, LPH))
-    lp_h = gl.arange(0, H, layout=gl.SliceLayout(0, LPH))
-    lse = gl.load(PART_LSE + (row0 + lp_p).to(gl.int64)[:, None] * H + lp_h[None, :])  # (C, H)
-    m = gl.max(lse, axis=0)
-    m_safe = gl.where(m == float("-inf"), 0.0, m)
-    w = gl.exp(lse - m_safe[None, :])  # (C, H), 0 for an empty partial
-    wsum = gl.sum(w, axis=0)
-    acc = gl.sum(o * w[:, None, :], axis=0)  # (S, H)
-    w_safe = gl.where(wsum > 0.0, wsum, 1.0)
-    out = acc / gl.convert_layout(w_safe, gl.SliceLayout(0, LDH))[None, :]
-    od = gl.arange(0, S, layout=gl.SliceLayout(1, LDH))
-    oh = gl.arange(0, H, layout=gl.SliceLayout(0, LDH))
-    base = q_row.to(gl.int64) * H
-    gl.store(OUT + (base + oh[None, :]) * D_NOPE + idx * S + od[:, None], out.to(OUT.dtype.element_ty))
-    if idx == 0:
-        gl.store(OUT_LSE + base + lp_h, gl.where(wsum > 0.0, m_safe + gl.log(w_safe), float("-inf")))
 
 
 stage1_kernel = _stage1_kernel

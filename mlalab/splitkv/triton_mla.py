@@ -185,10 +185,8 @@ class KernelConfig:
     free, every byte still loaded and stored (`HOPPER_ABLATIONS`, ``scripts/profile_hopper.py --ablations``).
     ``hopper_refill_after_pv`` (hopper): a ring stage's refill TMA is issued right after the tile's PV (default), not
     between the softmax and the PV. ``hopper_q_first`` (hopper): the first work's q is fetched before the ring's
-    first tiles (else after them). ``hopper_ramp_cycles`` (hopper): the ring's first tiles go out this many SM cycles
-    apart (0: at once). ``hopper_cluster_merge`` (hopper): requests split over an aligned group of CTAs' last
-    works are merged by those CTAs, launched as thread-block clusters, instead of the reduce kernel
-    (`hopper_cluster_merges`). ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path.
+    first tiles (default; else after them, as up to 2026-12-03's run 9: 0.718x vs 0.710x of FlashMLA fp8's geomean
+    in one A/B, data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path.
     The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -206,9 +204,7 @@ class KernelConfig:
     hopper_variant: str = "auto"
     hopper_ablate: str = "none"
     hopper_refill_after_pv: bool = True
-    hopper_q_first: bool = False
-    hopper_ramp_cycles: int = 0
-    hopper_cluster_merge: bool = False
+    hopper_q_first: bool = True
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -308,81 +304,15 @@ HOPPER_LONG_STREAM = 1
 #: vt-smem also keeps two 32 KB Vᵀ buffers, so 3 stages fill its 227 KB of shared memory; v-regs fits 5.
 HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5}
 
-#: Columns of `hopper_cta_info`'s table: 5 + the rows of the deepest ring's first tiles + 3 for the cluster merge.
-HOPPER_INFO_COLS = 5 + max(HOPPER_MAX_STAGES.values()) + 3
-
-#: Cluster sizes the sm_90 kernel may merge split requests in (`hopper_cluster_merges`); 16 is non-portable (sm_90
-#: allows it when a GPC holds 16 free SMs).
-HOPPER_CLUSTER_SIZES = (2, 4, 8, 16)
-
-
-@dataclass(frozen=True)
-class ClusterMerge:
-    """Which split requests the sm_90 stage 1 merges itself, inside thread-block clusters (`hopper_cluster_merges`).
-
-    ``size``: CTAs per cluster (0 = no cluster merge); ``tiles``: the reduce tiles merged in stage 1 (the reduce
-    kernel skips them); ``cols``: ``(n_cu, 3)`` int32, per CTA: its index in the merge group of its last work (-1 if
-    that work is not merged), the partial row of the group's first member, the q row of the merged output."""
-
-    size: int
-    tiles: torch.Tensor
-    cols: torch.Tensor
-
-
-def hopper_cluster_merges(plan: WorkPlan, work_info: torch.Tensor, max_size: int = 16) -> ClusterMerge:
-    """The split requests that stage 1 can merge inside clusters instead of the reduce kernel.
-
-    A reduce tile with ``n`` partials (n in `HOPPER_CLUSTER_SIZES`, one q row) qualifies when its partials are the
-    *last* works of the ``n`` consecutive CTAs of one aligned group ``[k·n, k·n + n)`` (in partial-row order, rows
-    consecutive): those CTAs finish the split together, wait for each other at a cluster barrier and each merges
-    ``512 / n`` value dims of all ``n`` partials. One cluster size per launch: the most common qualifying ``n``
-    (ties: the larger), and only when the plan's slots are a multiple of it. Pure host code: ``(0, [], ...)`` when
-    nothing qualifies."""
-    wp = plan.work_indptr.to("cpu", torch.int64)
-    n_cu = wp.numel() - 1
-    none = ClusterMerge(0, torch.zeros(0, dtype=torch.int32), torch.full((n_cu, 3), -1, dtype=torch.int32))
-    wi = work_info.to("cpu", torch.int64)
-    rip = plan.reduce_indptr.to("cpu", torch.int64)
-    pmap = plan.reduce_partial_map.to("cpu", torch.int64)
-    fmap = plan.reduce_final_map.to("cpu", torch.int64)
-    if not wi.numel():
-        return none
-    cta_of_work = torch.repeat_interleave(torch.arange(n_cu), wp.diff())
-    last_work = wp[1:] - 1  # (a CTA without works: its "last work" is never a partial's)
-    work_of_row = {int(r): w for w, r in enumerate(wi[:, 1].tolist()) if r >= 0}
-    candidates: dict[int, list[tuple[int, int]]] = {}  # n -> [(tile, first cta)]
-    for t in range(rip.numel() - 1):
-        n = int(rip[t + 1] - rip[t])
-        if n not in HOPPER_CLUSTER_SIZES or n > max_size or n_cu % n or int(fmap[t, 1] - fmap[t, 0]) != 1:
-            continue
-        rows = pmap[rip[t] : rip[t + 1]].tolist()
-        if any(r != rows[0] + i for i, r in enumerate(rows)) or any(r not in work_of_row for r in rows):
-            continue
-        works = [work_of_row[r] for r in rows]
-        ctas = [int(cta_of_work[w]) for w in works]
-        k0 = ctas[0]
-        if k0 % n or ctas != list(range(k0, k0 + n)) or any(int(last_work[c]) != w for c, w in zip(ctas, works)):
-            continue
-        candidates.setdefault(n, []).append((t, k0))
-    if not candidates:
-        return none
-    size = max(candidates, key=lambda n: (len(candidates[n]), n))
-    cols = none.cols.clone()
-    tiles = []
-    for t, k0 in candidates[size]:
-        tiles.append(t)
-        row0 = int(pmap[rip[t]])
-        for i in range(size):
-            cols[k0 + i] = torch.tensor([i, row0, int(fmap[t, 0])], dtype=torch.int32)
-    return ClusterMerge(size, torch.tensor(tiles, dtype=torch.int32), cols)
+#: Columns of `hopper_cta_info`'s table: 5 + the rows of the deepest ring's first tiles.
+HOPPER_INFO_COLS = 5 + max(HOPPER_MAX_STAGES.values())
 
 
 def hopper_cta_info(work_indptr: torch.Tensor, tile_indptr: torch.Tensor, tile_rows: torch.Tensor,
-                    work_info: torch.Tensor, merge_cols: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                    work_info: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """``(n_cu, HOPPER_INFO_COLS)`` int32 on the CPU, one row per CTA of the Hopper kernel, read in one round trip
-    at its start: first work, end work, first tile, end tile, the q row of its first work (0 if none), the KV rows
-    of its first tiles, as many as the deepest ring holds (0 where absent), then `merge_cols` (`ClusterMerge.cols`;
-    default -1, 0, 0: no cluster merge)."""
+    at its start: first work, end work, first tile, end tile, the q row of its first work (0 if none), then the KV
+    rows of its first tiles, as many as the deepest ring holds (0 where absent)."""
     wp = work_indptr.to("cpu", torch.int64)
     tp = tile_indptr.to("cpu", torch.int64)
     rows = tile_rows.to("cpu", torch.int64)
@@ -393,15 +323,9 @@ def hopper_cta_info(work_indptr: torch.Tensor, tile_indptr: torch.Tensor, tile_r
     has_work = wp[:-1] < wp[1:]
     if wi.numel():
         info[has_work, 4] = wi[wp[:-1][has_work], 2]
-    n_rows = max(HOPPER_MAX_STAGES.values())
-    for i in range(n_rows):
+    for i in range(HOPPER_INFO_COLS - 5):
         has = tp[:-1] + i < tp[1:]
         info[has, 5 + i] = rows[tp[:-1][has] + i]
-    info[:, 5 + n_rows] = -1
-    if merge_cols is not None:
-        if tuple(merge_cols.shape) != (n_cu, 3):
-            raise ValueError(f"merge_cols must be ({n_cu}, 3), got {tuple(merge_cols.shape)}")
-        info[:, 5 + n_rows :] = merge_cols.to(torch.int64)
     return info.to(torch.int32).contiguous()
 
 
@@ -450,8 +374,6 @@ class TritonDecoder:
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
-        if not isinstance(config.hopper_ramp_cycles, int) or not 0 <= config.hopper_ramp_cycles <= 100_000:
-            raise ValueError(f"hopper_ramp_cycles must be an int in [0, 100000], got {config.hopper_ramp_cycles!r}")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
         plan.validate(prepared.qo_indptr, prepared.kv_indptr)  # once per plan: a broken plan never reaches the GPU
         # the kernel walks token positions; WorkPlan counts kv_indices positions (pages): translate once, here
@@ -516,20 +438,7 @@ class TritonDecoder:
                                  f"{HOPPER_MAX_STAGES[self.hopper_variant]} tiles in shared memory")  # fmt: skip
             self.G = gluon_hopper
             self.tile_indptr, self.tile_rows = t_indptr.to(dev), t_rows.to(dev)
-            #: the split requests stage 1 merges itself in clusters (size 0: none; then every split goes to the reduce)
-            self.cluster = (
-                hopper_cluster_merges(plan, self.work_info)
-                if config.hopper_cluster_merge
-                else ClusterMerge(
-                    0, torch.zeros(0, dtype=torch.int32), torch.full((self.n_cu, 3), -1, dtype=torch.int32)
-                )
-            )
-            if self.cluster.size:
-                merged = torch.isin(self.split_tiles.cpu(), self.cluster.tiles)
-                self.split_tiles = self.split_tiles[~merged.to(dev)].contiguous()
-            self.cta_info = hopper_cta_info(plan.work_indptr, t_indptr, t_rows, self.work_info,
-                                            self.cluster.cols).to(dev)  # fmt: skip
-            self._cluster_patched: set[tuple[int, int]] = set()
+            self.cta_info = hopper_cta_info(plan.work_indptr, t_indptr, t_rows, self.work_info).to(dev)
             self._descs: dict[tuple[int, int], tuple] = {}
 
     @property
@@ -609,21 +518,13 @@ class TritonDecoder:
                   LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
-                  Q_FIRST=c.hopper_q_first, RAMP=c.hopper_ramp_cycles, INFO_COLS=HOPPER_INFO_COLS, num_warps=4)  # fmt: skip
+                  Q_FIRST=c.hopper_q_first, INFO_COLS=HOPPER_INFO_COLS, num_warps=4)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
-        args = (*descs, self.cta_info, self.work_info, self.tile_rows, self.out, self.lse, self.part_o, self.part_lse,
-                p.q_scale, p.kv_scale, self.sm_scale, stamps)  # fmt: skip
-        C = self.cluster.size
-        kw["CLUSTER"] = C
-        if C > 1 and (key, timeline is not None) not in self._cluster_patched:
-            # Triton launches a kernel compiled for one CTA per "program" with clusters of `num_ctas` CTAs (the grid
-            # is programs x num_ctas) when its metadata says so: compile, then set that field. The kernel reads
-            # %ctaid (not %clusterid) for its program id, so CTA c is still plan slot c.
-            ck = self.G.stage1_kernel.warmup(*args, grid=(self.n_cu // C,), **kw, **chain)
-            ck.packed_metadata = (ck.metadata.num_warps, C, ck.metadata.shared)
-            self._cluster_patched.add((key, timeline is not None))
-        self.G.stage1_kernel[(self.n_cu // max(C, 1),)](*args, **kw, **chain)
+        self.G.stage1_kernel[(self.n_cu,)](
+            *descs, self.cta_info, self.work_info, self.tile_rows, self.out, self.lse, self.part_o, self.part_lse,
+            p.q_scale, p.kv_scale, self.sm_scale, stamps, **kw, **chain,
+        )  # fmt: skip
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
         p, c, plan = self.p, self.config, self.plan
