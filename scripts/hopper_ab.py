@@ -40,11 +40,6 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2s4": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=False)),
     "v2s4q": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=True)),
     "v2s5q": (1, dict(hopper_variant="v-regs", hopper_stages=5, hopper_q_first=True)),
-    # the scores as two independent accumulator chains, issued in alternating slices of N dims (v2q-kN)
-    **{
-        f"v2q-k{n}": (1, dict(hopper_variant="v-regs", hopper_q_first=True, hopper_qk_slice=n))
-        for n in (32, 64, 128, 256)
-    },
 }
 
 

@@ -228,7 +228,6 @@ def _stage1_kernel(
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV)
     Q_FIRST: gl.constexpr,  # the first work's q TMA before the ring's first tiles (else after them)
-    QK_SLICE: gl.constexpr,  # v-regs: 0 = the scores as one chain of k-steps; 32..256 = two chains, alternating slices
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     num_warps: gl.constexpr,
 ):  # fmt: skip
@@ -236,7 +235,6 @@ def _stage1_kernel(
     gl.static_assert(BLOCK_N == 64, "the V layouts are written for 64-token tiles")
     gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
-    gl.static_assert(QK_SLICE == 0 or (V_IN_REGS and 256 % QK_SLICE == 0), "QK_SLICE: 0 or 32..256 on v-regs")
     gl.static_assert(NUM_STAGES <= 5 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
@@ -350,30 +348,14 @@ def _stage1_kernel(
             # QK on the tensor cores, asynchronously ...
             if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
                 s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
-                s_tok2 = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
-            elif QK_SLICE == 0:  # one chain of 18 dependent k-steps
+            else:
                 s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
                                       is_async=True)  # fmt: skip
                 s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
-            else:  # two independent accumulators (dims [0, 256) and [256, 576)), issued in alternating slices
-                s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
-                s_tok2 = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
-                for k in gl.static_range(256 // QK_SLICE):
-                    s_tok = warpgroup_mma(kn.slice(k * QK_SLICE, QK_SLICE, dim=1),
-                                          q_nope_t.slice(k * QK_SLICE, QK_SLICE, dim=0), s_tok, use_acc=k > 0,
-                                          is_async=True)  # fmt: skip
-                    s_tok2 = warpgroup_mma(kn.slice(256 + k * QK_SLICE, QK_SLICE, dim=1),
-                                           q_nope_t.slice(256 + k * QK_SLICE, QK_SLICE, dim=0), s_tok2, use_acc=k > 0,
-                                           is_async=True)  # fmt: skip
-                s_tok2 = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok2, is_async=True)
             # ... while the CUDA cores load this tile's V: into the PV's A-operand registers, or transposed into Vᵀ
             if V_IN_REGS:
                 v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT)
-                if QK_SLICE == 0:
-                    s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
-                else:
-                    s_a, s_b = warpgroup_mma_wait(0, deps=(s_tok, s_tok2))
-                    s_acc = s_a + s_b
+                s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
             else:
                 v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL, REPORT)
                 s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete

@@ -87,7 +87,6 @@ def compile_hopper(
     ablate: int = 0,
     refill_after_pv: bool = True,
     q_first: bool = False,
-    qk_slice: int = 0,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
@@ -128,7 +127,7 @@ def compile_hopper(
                 one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
-                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, QK_SLICE=qk_slice,
+                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first,
                 INFO_COLS=HOPPER_INFO_COLS, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:

@@ -205,7 +205,6 @@ class KernelConfig:
     hopper_ablate: str = "none"
     hopper_refill_after_pv: bool = True
     hopper_q_first: bool = True
-    hopper_qk_slice: int = 0
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -375,8 +374,6 @@ class TritonDecoder:
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
-        if config.hopper_qk_slice not in (0, 32, 64, 128, 256) or isinstance(config.hopper_qk_slice, bool):
-            raise ValueError(f"hopper_qk_slice must be 0, 32, 64, 128 or 256, got {config.hopper_qk_slice!r}")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
         plan.validate(prepared.qo_indptr, prepared.kv_indptr)  # once per plan: a broken plan never reaches the GPU
         # the kernel walks token positions; WorkPlan counts kv_indices positions (pages): translate once, here
@@ -521,8 +518,7 @@ class TritonDecoder:
                   LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
-                  Q_FIRST=c.hopper_q_first, INFO_COLS=HOPPER_INFO_COLS, num_warps=4,
-                  QK_SLICE=c.hopper_qk_slice if self.hopper_variant == "v-regs" else 0)  # fmt: skip
+                  Q_FIRST=c.hopper_q_first, INFO_COLS=HOPPER_INFO_COLS, num_warps=4)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
         self.G.stage1_kernel[(self.n_cu,)](
