@@ -262,3 +262,22 @@ def test_recorded_ablation_profile_loads_when_present() -> None:
         pytest.skip("no recorded profile with ablations in data/profiles")
     # skipping compute never makes the call slower than the real one by more than run noise
     assert (p["full_no_qk_pv_us"] <= 1.05 * p["full_us"]).all() and len(ablation_figure(p).data) == len(ABLATIONS)
+
+
+def test_recorded_events_rebuild_the_live_timeline() -> None:
+    """`CtaTimeline.from_events` inverts `events()`: a recorded launch is summarised by the live summary's code."""
+    tl = timeline_from_stamps(_table(), np.array([2, 1]), np.array([1, 1]), clock_ghz=2.0, kernel="k", max_events=4)
+    back = CtaTimeline.from_events(tl.events())
+    assert back.clock_source == "recorded" and back.n_cu == tl.n_cu
+    a, b = tl.summary(), back.summary()
+    assert a.keys() == b.keys() and all(a[k] == b[k] or (np.isnan(a[k]) and np.isnan(b[k])) for k in a), (a, b)
+    old = [e for e in tl.events() if e["event"] not in ("pv_done", "lse_done")]  # before the epilogue stamps
+    assert np.isnan(CtaTimeline.from_events(old).summary()["epilogue_sum_ns"])
+    with pytest.raises(ValueError, match="lack columns"):
+        CtaTimeline.from_events([{"cta": 0, "event": "start", "index": 0}])
+    with pytest.raises(ValueError, match="needs a 'end' event"):
+        CtaTimeline.from_events([e for e in tl.events() if not (e["event"] == "end" and e["cta"] == 1)])
+    with pytest.raises(ValueError, match="finite"):
+        CtaTimeline.from_events([{**e, "t_ns": float("nan")} for e in tl.events()])
+    with pytest.raises(ValueError, match="empty"):
+        CtaTimeline.from_events([])

@@ -7,6 +7,7 @@ work were free."""
 from __future__ import annotations
 
 import glob
+import math
 import os
 
 import numpy as np
@@ -79,44 +80,36 @@ def _shape(events: pd.DataFrame, batch: int, kv_len: int) -> pd.DataFrame:
     return d
 
 
+#: `CtaTimeline.summary` key -> the label `timeline_summary` shows (in µs, but the CTA count); indented: parts of
+#: the line above.
+_SUMMARY_LABELS = {
+    "ctas_busy": "ctas busy",
+    "span_ns": "span",
+    "header_ns": "header",
+    "first_tile_ns": "first tile arrives",
+    "tile_interval_ns": "per tile",
+    "tile_qk_ns": "  scores (QK) + V",
+    "tile_softmax_ns": "  softmax .. PV issued",
+    "last_tile_to_end_ns": "last tile to end",
+    "epilogue_pv_wait_ns": "  last PV completes",
+    "epilogue_sum_ns": "  softmax sum",
+    "epilogue_store_ns": "  normalise + stores",
+    "end_spread_ns": "spread of the CTA ends",
+}
+_EPILOGUE_PARTS = ("epilogue_pv_wait_ns", "epilogue_sum_ns", "epilogue_store_ns")
+
+
 def timeline_summary(events: pd.DataFrame, batch: int, kv_len: int) -> dict[str, float]:
-    """Where stage 1's time goes at one shape (µs, medians over the CTAs that streamed tiles)."""
-    d = _shape(events, batch, kv_len)
-    piv = {e: g.set_index(["cta", "index"])["t_ns"] for e, g in d.groupby("event")}
-    tiles = piv["tile"]
-    busy = sorted(set(tiles.index.get_level_values(0)))
-    start = piv["start"].droplevel(1)
-    end = piv["end"].droplevel(1)
-    first = tiles.xs(0, level=1)
-    gaps = tiles.groupby(level=0).diff().dropna()
-    qk = (piv["qk_done"] - tiles).dropna()
-    soft = (piv["pv_issued"] - piv["qk_done"]).dropna()
-    last = tiles.groupby(level=0).max()
-    return {
-        "ctas busy": float(len(busy)),
-        "span": float(end.max() - start.min()) / 1e3,
-        "header": float((piv["issued"].droplevel(1) - start)[busy].median()) / 1e3,
-        "first tile arrives": float((first - start[first.index]).median()) / 1e3,
-        "per tile": float(gaps.median()) / 1e3 if len(gaps) else float("nan"),
-        "  scores (QK) + V": float(qk.median()) / 1e3,
-        "  softmax .. PV issued": float(soft.median()) / 1e3,
-        "last tile to end": float((end[last.index] - last).median()) / 1e3,
-        **_epilogue_parts(piv, end, busy),
-        "spread of the CTA ends": float(end[busy].max() - end[busy].min()) / 1e3,
-    }
+    """Where stage 1's time goes at one shape (µs, medians over the CTAs that streamed tiles): the recorded events
+    rebuilt into a `CtaTimeline` and summarised by its `summary` (one definition for live and recorded launches).
+    The epilogue's parts are left out for files recorded before those stamps."""
+    from ..splitkv.timeline import CtaTimeline
 
-
-def _epilogue_parts(piv: dict[str, pd.Series], end: pd.Series, busy: list[int]) -> dict[str, float]:
-    """The last work's epilogue split at the PV's completion and the softmax sum (files that stamped them)."""
-    if "pv_done" not in piv or "lse_done" not in piv:
-        return {}
-    pv_done, lse_done = piv["pv_done"].droplevel(1), piv["lse_done"].droplevel(1)
-    last_pv = piv["pv_issued"].groupby(level=0).max()
-    idx = [c for c in busy if c in pv_done.index and c in lse_done.index]
+    s = CtaTimeline.from_events(_shape(events, batch, kv_len)).summary()
     return {
-        "  last PV completes": float((pv_done[idx] - last_pv[idx]).median()) / 1e3,
-        "  softmax sum": float((lse_done[idx] - pv_done[idx]).median()) / 1e3,
-        "  normalise + stores": float((end[idx] - lse_done[idx]).median()) / 1e3,
+        label: s[k] if k == "ctas_busy" else s[k] / 1e3
+        for k, label in _SUMMARY_LABELS.items()
+        if not (k in _EPILOGUE_PARTS and math.isnan(s[k]))
     }
 
 

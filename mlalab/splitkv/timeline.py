@@ -43,7 +43,49 @@ class CtaTimeline:
     pv_done_ns: np.ndarray  # (n_cu,) the last work's final PV completed (NaN: no work, or more tiles than stamped)
     lse_done_ns: np.ndarray  # (n_cu,) the last work's softmax sum reduced (then: normalise and store the output)
     clock_source: str = "launch"  # "launch": the launch's own stamps; "given": passed by the caller; "idle-spin":
-    # `measure_clock_ghz` (no CTA ran long enough to calibrate on, `TritonDecoder.stage1_timeline`)
+    # `measure_clock_ghz` (no CTA ran long enough to calibrate on, `TritonDecoder.stage1_timeline`); "recorded":
+    # rebuilt from an events table (`from_events`), already in ns
+
+    @classmethod
+    def from_events(cls, events: object, *, kernel: str = "recorded") -> CtaTimeline:
+        """Rebuild a timeline from its `events` table (a pandas DataFrame or a list of dicts with ``cta``, ``event``,
+        ``index``, ``t_ns``, e.g. one shape of a recorded data/profiles/*_timeline.csv), so a recorded launch is
+        summarised by the same code as a live one. CTAs are numbered 0 .. max(cta); each needs a start and an end."""
+        import pandas as pd
+
+        d = pd.DataFrame(events)
+        if d.empty:
+            raise ValueError("events is empty: no CTA to rebuild")
+        missing = [c for c in ("cta", "event", "index", "t_ns") if c not in d.columns]
+        if missing:
+            raise ValueError(f"events lack columns {missing}")
+        if not np.isfinite(d["t_ns"].to_numpy(dtype=np.float64)).all():
+            raise ValueError("events: every t_ns must be a finite number")
+        n_cu = int(d["cta"].max()) + 1
+        by = {e: g.sort_values("index") for e, g in d.groupby("event")}
+
+        def one(event: str, fill: float | None) -> np.ndarray:
+            out = np.full(n_cu, np.nan)
+            g = by.get(event)
+            if g is not None:
+                out[g["cta"].to_numpy(dtype=np.int64)] = g["t_ns"].to_numpy(dtype=np.float64)
+            if fill is None and np.isnan(out).any():
+                raise ValueError(f"events: every CTA 0 .. {n_cu - 1} needs a {event!r} event")
+            return out
+
+        def per_cta(event: str) -> tuple[np.ndarray, ...]:
+            g = by.get(event)
+            if g is None:
+                return tuple(np.zeros(0) for _ in range(n_cu))
+            t = dict(iter(g.groupby("cta")["t_ns"]))
+            return tuple(np.asarray(t[c], dtype=np.float64) if c in t else np.zeros(0) for c in range(n_cu))
+
+        return cls(
+            kernel=kernel, clock_ghz=float("nan"), start_ns=one("start", None), end_ns=one("end", None),
+            issued_ns=one("issued", None), tile_ready_ns=per_cta("tile"), qk_done_ns=per_cta("qk_done"),
+            pv_issued_ns=per_cta("pv_issued"), work_done_ns=per_cta("work_done"), pv_done_ns=one("pv_done", np.nan),
+            lse_done_ns=one("lse_done", np.nan), clock_source="recorded",
+        )  # fmt: skip
 
     @property
     def n_cu(self) -> int:
@@ -58,6 +100,12 @@ class CtaTimeline:
         gaps = np.concatenate([np.diff(self.tile_ready_ns[c]) for c in busy])
         last_tile_to_end = np.array([self.end_ns[c] - self.tile_ready_ns[c][-1] for c in busy])
         last_pv_to_end = np.array([self.end_ns[c] - self.pv_issued_ns[c][-1] for c in busy])
+        pv_wait = np.array([self.pv_done_ns[c] - self.pv_issued_ns[c][-1] for c in busy])
+
+        def median_or_nan(x: np.ndarray) -> float:  # (timelines recorded before the epilogue stamps have none)
+            x = np.asarray(x, dtype=np.float64)
+            return float(np.median(x[np.isfinite(x)])) if np.isfinite(x).any() else float("nan")
+
         return {
             "ctas_busy": float(len(busy)),
             "span_ns": float(self.end_ns.max() - self.start_ns.min()),
@@ -72,9 +120,9 @@ class CtaTimeline:
             "last_tile_to_end_ns": float(np.median(last_tile_to_end)),
             "epilogue_ns": float(np.median(last_pv_to_end)),  # last PV issued -> outputs stored (PV wait included)
             # its parts, for each CTA's last work: the PV's completion, the softmax sum, normalise + output stores
-            "epilogue_pv_wait_ns": float(np.nanmedian([self.pv_done_ns[c] - self.pv_issued_ns[c][-1] for c in busy])),
-            "epilogue_sum_ns": float(np.nanmedian(self.lse_done_ns[busy] - self.pv_done_ns[busy])),
-            "epilogue_store_ns": float(np.nanmedian(self.end_ns[busy] - self.lse_done_ns[busy])),
+            "epilogue_pv_wait_ns": median_or_nan(pv_wait),
+            "epilogue_sum_ns": median_or_nan(self.lse_done_ns[busy] - self.pv_done_ns[busy]),
+            "epilogue_store_ns": median_or_nan(self.end_ns[busy] - self.lse_done_ns[busy]),
             "end_spread_ns": float(self.end_ns[busy].max() - self.end_ns[busy].min()),
         }
 
