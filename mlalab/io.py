@@ -63,7 +63,8 @@ def natural_key(name: str) -> tuple:
     the newest recorded file is found among names that number their runs."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
-    return tuple((1, int(t)) if t.isdigit() else (0, t) for t in re.split(r"(\d+)", name) if t)
+    parts = re.split(r"([0-9]+)", name)  # odd positions: the runs of ASCII digits
+    return tuple((1, int(t)) if i % 2 else (0, t) for i, t in enumerate(parts) if t)
 
 
 def main() -> None:

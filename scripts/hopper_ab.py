@@ -23,20 +23,20 @@ from mlalab.io import write_rows_csv
 from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder, naive_decode, prepare
 from mlalab.timing import copy_bandwidth, rotation_copies, time_callable
 
-#: name -> (plan slots per SM, KernelConfig knobs). v1 / v2: the two sm_90 kernels as they were compared on
-#: 2026-12-02 (`hopper_variant` vt-smem / v-regs); v2x2: v-regs with two CTAs per SM (264 plan slots, 2 stages).
+#: name -> (plan slots per SM, KernelConfig knobs). v1 / v2: the two sm_90 paths (`hopper_variant` vt-smem / v-regs)
+#: with q fetched after the ring, the code of run 9 (the A/Bs of 2026-12-02/03 that name them); v2x2: v-regs with
+#: two CTAs per SM (264 plan slots, 2 stages).
 VARIANTS: dict[str, tuple[int, dict]] = {
-    "v1": (1, dict(hopper_variant="vt-smem", hopper_stages=3)),
-    "v2": (1, dict(hopper_variant="v-regs", hopper_stages=3)),
-    "v2x2": (2, dict(hopper_variant="v-regs", hopper_stages=2)),
+    "v1": (1, dict(hopper_variant="vt-smem", hopper_stages=3, hopper_q_first=False)),
+    "v2": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_q_first=False)),
+    "v2x2": (2, dict(hopper_variant="v-regs", hopper_stages=2, hopper_q_first=False)),
     "auto": (1, dict()),
     # the ring refill issued before the PV (the code up to 2026-12-03's run 8) instead of after it
-    "v1-early": (1, dict(hopper_variant="vt-smem", hopper_stages=3, hopper_refill_after_pv=False)),
-    "v2-early": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_refill_after_pv=False)),
-    # the first work's q fetched before the ring's tiles (v2q; the default since 2026-12-03's session 7) or after them
-    # (v2-qlast: the code of run 9), and deeper rings (v2s4 / v2s5: 4 / 5 stages)
+    "v1-early": (1, dict(hopper_variant="vt-smem", hopper_refill_after_pv=False, hopper_q_first=False)),
+    "v2-early": (1, dict(hopper_variant="v-regs", hopper_refill_after_pv=False, hopper_q_first=False)),
+    # the first work's q fetched before the ring's tiles (v2q; the default since 2026-12-03's session 7; v2 fetches it
+    # after them), and deeper rings (v2s4, v2s4q, v2s5q: 4 or 5 stages, q last or first)
     "v2q": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_q_first=True)),
-    "v2-qlast": (1, dict(hopper_variant="v-regs", hopper_stages=3, hopper_q_first=False)),
     "v2s4": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=False)),
     "v2s4q": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=True)),
     "v2s5q": (1, dict(hopper_variant="v-regs", hopper_stages=5, hopper_q_first=True)),

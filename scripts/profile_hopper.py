@@ -2,7 +2,7 @@
 
 * µs per call (CUDA-graph replays of 20 calls over KV copies rotated past the L2, like `python -m mlalab bench`)
   of FlashMLA fp8, our whole call, stage 1 alone and the reduce alone, and one / two empty kernels (the launch
-  floor of a graph node);
+  floor of a graph node: columns ``graph_node_us`` / ``two_nodes_us``, the same in every row);
 * stage 1's per-CTA timeline (`TritonDecoder.stage1_timeline`): launch skew, the plan header's round trip, the
   first tile's arrival, the per-tile interval, the epilogue and the spread of the CTAs' ends;
 * with ``--reduce-before FILE`` (a module with an older ``reduce_kernel``), that reduce too, for an A/B;
@@ -77,7 +77,7 @@ def main() -> None:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
         kv_bytes = B * L * MLA.qk_dim
         n = rotation_copies(kv_bytes)
-        row: dict[str, object] = {"B": B, "L": L}
+        row: dict[str, object] = {"B": B, "L": L, "graph_node_us": round(empty1, 2), "two_nodes_us": round(empty2, 2)}
         if not a.no_flashmla:
             from mlalab.backends import get_backend
 

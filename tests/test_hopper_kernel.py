@@ -106,7 +106,7 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
         "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES\n"
         "for v in ('vt-smem', 'v-regs'):\n"
         "  for st in range(1, HOPPER_MAX_STAGES[v] + 1):\n"
-        "    r = compile_hopper(st, variant=v, q_first=st >= 4)\n"
+        "    r = compile_hopper(st, variant=v, q_first=st != 1)\n"  # (the default q first; 1 stage: q last)
         "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
@@ -285,6 +285,14 @@ def test_gpu_rotated_kv_copies_and_stage_counts() -> None:
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
     with pytest.raises(ValueError, match="vt-smem path holds at most 3 tiles"):
         TritonDecoder(p, plan, config=KernelConfig(hopper_variant="vt-smem", hopper_stages=4))
+    # "auto" with a ring deeper than vt-smem holds runs v-regs, even when the plan streams no tile (all empty)
+    z = make_inputs(DecodeCase(kv_lens=(0, 0), seed=1)).to("cuda")
+    zp = prepare(z, "a8w8")
+    zdec = TritonDecoder(zp, make_plan("simple", z.qo_indptr.cpu(), z.kv_indptr.cpu(), 132),
+                         config=KernelConfig(hopper_stages=5))  # fmt: skip
+    assert zdec.hopper_variant == "v-regs"
+    zout, zlse = zdec()
+    assert (zout.float() == 0).all() and torch.isinf(zlse).all()
     for variant in ("vt-smem", "v-regs"):
         depths = range(1, HOPPER_MAX_STAGES[variant] + 1)
         cfgs = [KernelConfig(hopper_variant=variant, hopper_stages=s, hopper_q_first=s % 2 == 0) for s in depths]

@@ -47,7 +47,7 @@ _KEY = ["backend", "precision", "batch", "kv_len"]
 
 def load_recorded(data_dir: str = DATA_DIR) -> pd.DataFrame:
     """All recorded timing CSVs, status 'ok' rows only, with a `run` column (file name)."""
-    files = sorted(glob.glob(os.path.join(data_dir, "*.csv")))
+    files = sorted(glob.glob(os.path.join(data_dir, "*.csv")), key=lambda f: natural_key(os.path.basename(f)))
     if not files:
         raise FileNotFoundError(f"no timing CSVs under {data_dir}")
     dfs = [pd.read_csv(f).assign(run=os.path.basename(f)) for f in files]
@@ -167,7 +167,7 @@ def recorded_view(
             raise ValueError("run and best_of_all exclude each other: best of all reads every run")
         parts = [best_per_shape(df, b, p, planner) for b, p in sorted(set(zip(df["backend"], df["precision"])))]
         rows = pd.concat(parts, ignore_index=True)
-        files = tuple(sorted(df["run"].astype(str).unique()))
+        files = tuple(sorted(df["run"].astype(str).unique(), key=natural_key))
         n = (
             int(rows.loc[rows["backend"] == "triton", "n_candidates"].max())
             if (rows["backend"] == "triton").any()
@@ -178,7 +178,7 @@ def recorded_view(
             "so no single kernel configuration achieves this table; each winner's run · planner · config is shown"
         )
         return RecordedView(rows, True, files, label, f"best of ≤{n} configs over {len(files)} runs")
-    runs = sorted(df["run"].astype(str).unique())
+    runs = sorted(df["run"].astype(str).unique(), key=natural_key)
     if run is None:
         run = default_run(df)
     elif run not in runs:

@@ -86,7 +86,7 @@ def compile_hopper(
     timeline: bool = False,
     ablate: int = 0,
     refill_after_pv: bool = True,
-    q_first: bool = False,
+    q_first: bool = True,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the

@@ -432,7 +432,9 @@ class TritonDecoder:
             #: which sm_90 kernel runs (`HOPPER_VARIANTS`); "auto" picks by the plan's longest tile stream
             self.hopper_variant = config.hopper_variant
             if self.hopper_variant == "auto":
-                self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM else "vt-smem"
+                # (a ring deeper than vt-smem holds: v-regs, even for a plan without tiles)
+                deep = config.hopper_stages > HOPPER_MAX_STAGES["vt-smem"]
+                self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM or deep else "vt-smem"
             if config.hopper_stages > HOPPER_MAX_STAGES[self.hopper_variant]:
                 raise ValueError(f"hopper_stages={config.hopper_stages}: the {self.hopper_variant} path holds at most "
                                  f"{HOPPER_MAX_STAGES[self.hopper_variant]} tiles in shared memory")  # fmt: skip

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from ..io import natural_key
 from ..plots.timeline import cta_timeline_figure, load_timelines, timeline_summary
 from ..plots.timing import (
     RecordedView,
@@ -71,7 +72,7 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
     precision = W.Dropdown(options=sorted(df["precision"].unique()), value="a8w8", description="precision")
     planner = W.Dropdown(options=sorted(df.loc[df["backend"] == "triton", "planner"].unique()), value="simple",
                          description="planner")  # fmt: skip
-    runs = sorted(df["run"].astype(str).unique())
+    runs = sorted(df["run"].astype(str).unique(), key=natural_key)
     try:
         first = default_run(df)
     except ValueError:
