@@ -117,6 +117,34 @@ def _stamp(TL, col, GLOBAL: gl.constexpr = False):
 _V_LOAD = gl.BlockedLayout([16, 16], [1, 32], [4, 1], [1, 0])
 
 
+#: The 4 warps' per-head maxima of one tile (warp index, head), every thread holding the 4 values of each head column it
+#: holds in the wgmma accumulator (`ACC`'s head bits: registers 0 and 3, lanes 1 and 2): the maximum over the warps is
+#: then a register reduction whose result has exactly ``SliceLayout(0, ACC)`` (checked: ``assert_trivial``).
+_ALL_WARPS = gl.DistributedLinearLayout(
+    reg_bases=[[1, 0], [2, 0], [0, 1], [0, 8]],
+    lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+    warp_bases=[[0, 0], [0, 0]],
+    block_bases=[],
+    shape=[4, 16],
+)
+
+
+@gluon.jit
+def _tile_max(sc, buf, NQ: gl.constexpr):
+    """max over the 64 tokens of `sc` (64 tokens × NQ heads, wgmma accumulator layout: warp w holds tokens 16w ..
+    16w + 15) per head, in ``SliceLayout(0, ACC)``: each warp reduces its 16 tokens with shuffles, writes its NQ maxima
+    to `buf` (4 × NQ fp32, this tile's half of a double buffer: the previous user of this half, two tiles back, was
+    read before the barrier that follows the P store), one barrier, and every thread reads the 4 warps' values of its
+    heads. Triton's own cross-warp `gl.max` takes two shared-memory rounds and two barriers."""
+    gl.static_assert(NQ == 16, "_ALL_WARPS is written for 16 heads")
+    ACC: gl.constexpr = sc.type.layout
+    per_warp = gl.max(sc.reshape([4, 16, NQ]), axis=1)  # (warp, head): shuffles inside each warp
+    buf.store(per_warp)
+    _cta_barrier()
+    m = gl.max(buf.load(_ALL_WARPS), axis=0)
+    return gl.convert_layout(m, gl.SliceLayout(0, ACC), assert_trivial=True)
+
+
 @gluon.jit
 def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, NUM_STAGES: gl.constexpr):
     """TMA the CTA's tile number `it` (KV row `row` onwards), if it exists, into ring stage ``it % NUM_STAGES``."""
@@ -228,6 +256,7 @@ def _stage1_kernel(
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV)
     Q_FIRST: gl.constexpr,  # the first work's q TMA before the ring's first tiles (else after them)
+    MAX_XCHG: gl.constexpr,  # the tile's score maximum across the 4 warps with one barrier (`_tile_max`)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     num_warps: gl.constexpr,
 ):  # fmt: skip
@@ -277,6 +306,8 @@ def _stage1_kernel(
     p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
     if not V_IN_REGS:
         vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
+    if MAX_XCHG:  # the 4 warps' per-head maxima of a tile, double-buffered by tile parity
+        mx_smem = gl.allocate_shared_memory(gl.float32, [2, 4, NQ], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
@@ -368,7 +399,10 @@ def _stage1_kernel(
             # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
             sc = s_acc * qk_scale
             sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+            if MAX_XCHG:  # per-warp maxima (shuffles), one smem exchange, one barrier (`_tile_max`)
+                m_new = gl.maximum(m_i, _tile_max(sc, mx_smem.index(it % 2), NQ))
+            else:  # Triton's cross-warp reduction: two smem rounds, two barriers
+                m_new = gl.maximum(m_i, gl.max(sc, axis=0))
             alpha = gl.exp2(m_i - m_new)
             p = gl.exp2(sc - m_new[None, :])
             l_acc = l_acc * alpha[None, :] + p
