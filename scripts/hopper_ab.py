@@ -40,9 +40,9 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2s4": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=False)),
     "v2s4q": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=True)),
     "v2s5q": (1, dict(hopper_variant="v-regs", hopper_stages=5, hopper_q_first=True)),
-    # the tile's score maximum across the 4 warps with one barrier instead of Triton's two (`gluon_hopper._tile_max`)
-    "v2mx": (1, dict(hopper_variant="v-regs", hopper_max_exchange=True)),
-    "v1mx": (1, dict(hopper_variant="vt-smem", hopper_max_exchange=True)),
+    # maxima and softmax sums across the 4 warps with one barrier instead of Triton's two (`gluon_hopper._across_warps`)
+    "v2mx": (1, dict(hopper_variant="v-regs", hopper_warp_exchange=True)),
+    "v1mx": (1, dict(hopper_variant="vt-smem", hopper_warp_exchange=True)),
 }
 
 

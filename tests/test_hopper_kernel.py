@@ -106,8 +106,8 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
         "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES\n"
         "for v in ('vt-smem', 'v-regs'):\n"
         "  for st in range(1, HOPPER_MAX_STAGES[v] + 1):\n"
-        # (the default q first, 1 stage q last; 2 stages with the one-barrier maximum exchange)
-        "    r = compile_hopper(st, variant=v, q_first=st != 1, max_exchange=st == 2)\n"
+        # (the default q first, 1 stage q last; 2 stages with the one-barrier exchanges across warps)
+        "    r = compile_hopper(st, variant=v, q_first=st != 1, warp_exchange=st == 2)\n"
         "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
@@ -200,9 +200,9 @@ _CONFIGS = {
     "vt-smem-1-stage": KernelConfig(hopper_variant="vt-smem", hopper_stages=1),
     "v-regs-3-stages": KernelConfig(hopper_variant="v-regs"),
     "v-regs-2-stages": KernelConfig(hopper_variant="v-regs", hopper_stages=2),
-    # the tile's score maximum across the warps with one barrier (`gluon_hopper._tile_max`)
-    "v-regs-max-exchange": KernelConfig(hopper_variant="v-regs", hopper_max_exchange=True),
-    "vt-smem-max-exchange": KernelConfig(hopper_variant="vt-smem", hopper_max_exchange=True),
+    # maxima and softmax sums across the warps with one barrier each (`gluon_hopper._across_warps`)
+    "v-regs-warp-exchange": KernelConfig(hopper_variant="v-regs", hopper_warp_exchange=True),
+    "vt-smem-warp-exchange": KernelConfig(hopper_variant="vt-smem", hopper_warp_exchange=True),
 }
 
 

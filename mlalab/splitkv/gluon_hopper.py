@@ -119,7 +119,8 @@ _V_LOAD = gl.BlockedLayout([16, 16], [1, 32], [4, 1], [1, 0])
 
 #: The 4 warps' per-head maxima of one tile (warp index, head), every thread holding the 4 values of each head column it
 #: holds in the wgmma accumulator (`ACC`'s head bits: registers 0 and 3, lanes 1 and 2): the maximum over the warps is
-#: then a register reduction whose result has exactly ``SliceLayout(0, ACC)`` (checked: ``assert_trivial``).
+#: then a register reduction whose result has exactly ``SliceLayout(0, ACC)`` (checked: ``assert_trivial``). Used by
+#: `_across_warps`.
 _ALL_WARPS = gl.DistributedLinearLayout(
     reg_bases=[[1, 0], [2, 0], [0, 1], [0, 8]],
     lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
@@ -130,19 +131,26 @@ _ALL_WARPS = gl.DistributedLinearLayout(
 
 
 @gluon.jit
-def _tile_max(sc, buf, NQ: gl.constexpr):
-    """max over the 64 tokens of `sc` (64 tokens × NQ heads, wgmma accumulator layout: warp w holds tokens 16w ..
-    16w + 15) per head, in ``SliceLayout(0, ACC)``: each warp reduces its 16 tokens with shuffles, writes its NQ maxima
-    to `buf` (4 × NQ fp32, this tile's half of a double buffer: the previous user of this half, two tiles back, was
-    read before the barrier that follows the P store), one barrier, and every thread reads the 4 warps' values of its
-    heads. Triton's own cross-warp `gl.max` takes two shared-memory rounds and two barriers."""
+def _across_warps(x, buf, IS_MAX: gl.constexpr, NQ: gl.constexpr):
+    """max (`IS_MAX`) or sum over the 64 tokens of `x` (64 tokens × NQ heads, wgmma accumulator layout: warp w holds
+    tokens 16w .. 16w + 15) per head, in ``SliceLayout(0, ACC)``: each warp reduces its 16 tokens with shuffles, writes
+    its NQ results to `buf` (4 × NQ fp32), one barrier, and every thread reads the 4 warps' values of its heads.
+    Triton's own cross-warp reduction takes two shared-memory rounds and two barriers. `buf` must not be read by an
+    earlier call that no barrier separates from this one (the kernel alternates halves: see ``WARP_XCHG``)."""
     gl.static_assert(NQ == 16, "_ALL_WARPS is written for 16 heads")
-    ACC: gl.constexpr = sc.type.layout
-    per_warp = gl.max(sc.reshape([4, 16, NQ]), axis=1)  # (warp, head): shuffles inside each warp
+    ACC: gl.constexpr = x.type.layout
+    if IS_MAX:
+        per_warp = gl.max(x.reshape([4, 16, NQ]), axis=1)  # (warp, head): shuffles inside each warp
+    else:
+        per_warp = gl.sum(x.reshape([4, 16, NQ]), axis=1)
     buf.store(per_warp)
     _cta_barrier()
-    m = gl.max(buf.load(_ALL_WARPS), axis=0)
-    return gl.convert_layout(m, gl.SliceLayout(0, ACC), assert_trivial=True)
+    v = buf.load(_ALL_WARPS)
+    if IS_MAX:
+        r = gl.max(v, axis=0)
+    else:
+        r = gl.sum(v, axis=0)
+    return gl.convert_layout(r, gl.SliceLayout(0, ACC), assert_trivial=True)
 
 
 @gluon.jit
@@ -195,10 +203,10 @@ def _store_vt(v_t, vt, REPORT: gl.constexpr):
 
 
 @gluon.jit
-def _store_work_vt(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
+def _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                    H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
-    lse, scale = _normaliser(m_i, l_acc, v_scale)  # an empty work (0 tokens): output 0, LSE -inf
+    lse, scale = _normaliser(m_i, l_sum, v_scale)  # an empty work (0 tokens): output 0, LSE -inf
     o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
         # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows
@@ -256,7 +264,7 @@ def _stage1_kernel(
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV)
     Q_FIRST: gl.constexpr,  # the first work's q TMA before the ring's first tiles (else after them)
-    MAX_XCHG: gl.constexpr,  # the tile's score maximum across the 4 warps with one barrier (`_tile_max`)
+    WARP_XCHG: gl.constexpr,  # maxima / softmax sums across the 4 warps with one barrier each (`_across_warps`)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     num_warps: gl.constexpr,
 ):  # fmt: skip
@@ -306,8 +314,11 @@ def _stage1_kernel(
     p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
     if not V_IN_REGS:
         vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
-    if MAX_XCHG:  # the 4 warps' per-head maxima of a tile, double-buffered by tile parity
-        mx_smem = gl.allocate_shared_memory(gl.float32, [2, 4, NQ], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    if WARP_XCHG:
+        # the 4 warps' per-head values of `_across_warps`: halves 0 / 1 for the tiles' maxima by tile parity (a tile's
+        # reads precede the barrier after its P store, which the tile two later passes before writing), 2 / 3 for
+        # the works' softmax sums by work parity (an epilogue's reads precede the next work's barriers)
+        xchg_smem = gl.allocate_shared_memory(gl.float32, [4, 4, NQ], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
@@ -399,8 +410,8 @@ def _stage1_kernel(
             # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
             sc = s_acc * qk_scale
             sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
-            if MAX_XCHG:  # per-warp maxima (shuffles), one smem exchange, one barrier (`_tile_max`)
-                m_new = gl.maximum(m_i, _tile_max(sc, mx_smem.index(it % 2), NQ))
+            if WARP_XCHG:  # per-warp maxima (shuffles), one smem exchange, one barrier (`_across_warps`)
+                m_new = gl.maximum(m_i, _across_warps(sc, xchg_smem.index(it % 2), True, NQ))
             else:  # Triton's cross-warp reduction: two smem rounds, two barriers
                 m_new = gl.maximum(m_i, gl.max(sc, axis=0))
             alpha = gl.exp2(m_i - m_new)
@@ -432,17 +443,21 @@ def _stage1_kernel(
             row_pf = row_nx
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
-        if TIMELINE:  # the last PV has completed; then the work's softmax sum (a data dependence orders the stamp)
+        if TIMELINE:  # the last PV has completed; then the work's softmax sum
             _stamp(tl_row, 5)
-            # >= 0, so the offset below is always 0; the sum over the 16 heads (and the stamp) is extra work that the
-            # unstamped kernel does not do, so epilogue_sum_ns slightly over-states the softmax sum
-            l_total = gl.sum(gl.sum(l_acc, axis=0), axis=0)
-            _stamp(tl_row + (l_total < 0.0).to(gl.int64), 6)
+        # the work's softmax sum per head, reduced once from the per-thread running sums
+        if WARP_XCHG:
+            l_sum = _across_warps(l_acc, xchg_smem.index(2 + j % 2), False, NQ)
+        else:
+            l_sum = gl.sum(l_acc, axis=0)
+        if TIMELINE:  # (a data dependence orders the stamp after the sum: >= 0, so the offset is always 0; the sum
+            # over the 16 heads is extra work that the unstamped kernel does not do)
+            _stamp(tl_row + (gl.sum(l_sum, axis=0) < 0.0).to(gl.int64), 6)
         if V_IN_REGS:
-            _store_work_vregs(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
+            _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                               H, NQ, D_NOPE)  # fmt: skip
         else:
-            _store_work_vt(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
+            _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                            H, NQ, D_NOPE)  # fmt: skip
         if TIMELINE:  # noqa: SIM102
             if j < TIMELINE_MAX:

@@ -79,11 +79,10 @@ def _rcp_approx(x):
 
 
 @gluon.jit
-def _normaliser(m_i, l_acc, v_scale):
-    """A work's softmax sum, reduced once from the per-thread running sums, as (LSE in natural log, the factor that
-    normalises Oᵀ's columns). ``l >= 1`` whenever the work has a token (its maximum contributes exp2(0)), so the
-    SFU's flush-to-zero never applies; an empty work (0 tokens) gets LSE -inf and factor v_scale (Oᵀ is 0 there)."""
-    l = gl.sum(l_acc, axis=0)  # (NQ,)
+def _normaliser(m_i, l, v_scale):
+    """A work's softmax sum per head `l` (reduced once from the per-thread running sums), as (LSE in natural log, the
+    factor that normalises Oᵀ's columns). ``l >= 1`` whenever the work has a token (its maximum contributes exp2(0)),
+    so the SFU's flush-to-zero never applies; an empty work (0 tokens) gets LSE -inf and factor v_scale (Oᵀ is 0)."""
     has = l > 0.0
     l_safe = gl.where(has, l, 1.0)
     lse = gl.where(has, (m_i + _lg2_approx(l_safe)) * 0.6931471805599453, float("-inf"))
@@ -117,10 +116,10 @@ def _p_operand(p, fp8: gl.constexpr, NQ: gl.constexpr):
 
 
 @gluon.jit
-def _store_work_vregs(o, m_i, l_acc, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
+def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                 H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
-    lse, scale = _normaliser(m_i, l_acc, v_scale)
+    lse, scale = _normaliser(m_i, l_sum, v_scale)
     o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
         # row m of Oᵀ holds value dim π(m): relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E)

@@ -87,12 +87,12 @@ def compile_hopper(
     ablate: int = 0,
     refill_after_pv: bool = True,
     q_first: bool = True,
-    max_exchange: bool = False,
+    warp_exchange: bool = False,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
-    real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``max_exchange``: its
-    ``MAX_XCHG``); see the module docstring."""
+    real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
+    ``WARP_XCHG``); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -128,7 +128,7 @@ def compile_hopper(
                 one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
-                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, MAX_XCHG=max_exchange,
+                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, WARP_XCHG=warp_exchange,
                 INFO_COLS=HOPPER_INFO_COLS, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:

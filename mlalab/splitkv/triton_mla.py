@@ -186,9 +186,10 @@ class KernelConfig:
     ``hopper_refill_after_pv`` (hopper): a ring stage's refill TMA is issued right after the tile's PV (default), not
     between the softmax and the PV. ``hopper_q_first`` (hopper): the first work's q is fetched before the ring's
     first tiles (default; else after them, as up to 2026-12-03's run 9: 0.718x vs 0.710x of FlashMLA fp8's geomean
-    in one A/B, data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). ``hopper_max_exchange`` (hopper): each tile's
-    score maximum across the 4 warps with one shared-memory exchange and one barrier (`gluon_hopper._tile_max`)
-    instead of Triton's two; compiled and tested on the CPU for sm_90, **not yet run on a GPU** (2026-12-03), so off. ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path.
+    in one A/B, data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). ``hopper_warp_exchange`` (hopper): each tile's
+    score maximum and each work's softmax sum across the 4 warps with one shared-memory exchange and one barrier
+    (`gluon_hopper._across_warps`) instead of Triton's two; compiled for sm_90 on the CPU, **not yet run on a GPU**
+    (2026-12-03), so off. ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path.
     The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -207,7 +208,7 @@ class KernelConfig:
     hopper_ablate: str = "none"
     hopper_refill_after_pv: bool = True
     hopper_q_first: bool = True
-    hopper_max_exchange: bool = False
+    hopper_warp_exchange: bool = False
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -523,7 +524,7 @@ class TritonDecoder:
                   LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
-                  Q_FIRST=c.hopper_q_first, MAX_XCHG=c.hopper_max_exchange, INFO_COLS=HOPPER_INFO_COLS,
+                  Q_FIRST=c.hopper_q_first, WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
                   num_warps=4)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
