@@ -1,7 +1,8 @@
 """Panels for notebook 04: pick backends, planner, precision, run (or best of all runs) and the bars, bandwidth and
 speedup update (`timing_panel`); pick a shape and see the work map and per-CU load of the plan behind the Triton
 time the view shows (`plan_time_panel`); pick a shape and see stage 1's measured per-CTA timeline
-(`timeline_panel`). Every view names the file(s) it read. Live measurement needs a GPU;
+(`timeline_panel`); pick a recorded design experiment and see each variant against FlashMLA
+(`experiments_panel`). Every view names the file(s) it read. Live measurement needs a GPU;
 without one the panels show the recorded H200 data and say so."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..io import natural_key
+from ..plots.experiments import experiment_figure, experiment_geomeans, list_experiments, load_experiment
 from ..plots.timeline import cta_timeline_figure, load_timelines, timeline_summary
 from ..plots.timing import (
     RecordedView,
@@ -31,7 +33,16 @@ from ..plots.timing import (
 )
 from ..timing import COMPETITION_SHAPES
 
-__all__ = ["TimingPanel", "timing_panel", "PlanTimePanel", "plan_time_panel", "TimelinePanel", "timeline_panel"]
+__all__ = [
+    "TimingPanel",
+    "timing_panel",
+    "PlanTimePanel",
+    "plan_time_panel",
+    "TimelinePanel",
+    "timeline_panel",
+    "ExperimentsPanel",
+    "experiments_panel",
+]
 
 
 @dataclass
@@ -239,3 +250,43 @@ def timeline_panel(events: pd.DataFrame | None = None, shape: tuple[int, int] | 
     dd.observe(refresh, names="value")
     refresh()
     return TimelinePanel(W.VBox([dd, summary, fig]), dd, fig, summary)
+
+
+@dataclass
+class ExperimentsPanel:
+    """The design-experiments panel plus handles tests drive: the file dropdown, the figure, the geomean table."""
+
+    panel: W.Widget
+    experiment: W.Dropdown
+    figure: go.FigureWidget
+    table: W.HTML
+
+
+def experiments_panel(name: str | None = None) -> ExperimentsPanel:
+    """File dropdown (data/profiles/*_ab_*.csv: kernel variants timed beside FlashMLA fp8 in one process) -> each
+    variant's time over FlashMLA's per shape and the geomeans (`mlalab.plots.experiments`). Default: the last file in
+    name order."""
+    names = list_experiments()
+    if not names:
+        msg = "<i>no recorded experiments (data/profiles/*_ab_*.csv; record one with scripts/hopper_ab.py)</i>"
+        return ExperimentsPanel(W.HTML(msg), W.Dropdown(), go.FigureWidget(), W.HTML(msg))
+    name = names[-1] if name is None else name
+    if name not in names:
+        raise ValueError(f"name must be one of the recorded experiments {names}, got {name!r}")
+    dd = W.Dropdown(options=names, value=name, description="experiment (file)", style={"description_width": "initial"})
+    fig, table = go.FigureWidget(), W.HTML()
+
+    def refresh(*_: object) -> None:
+        df = load_experiment(dd.value)
+        _replace(fig, experiment_figure(df))
+        g = experiment_geomeans(df)
+        rows = "".join(f"<tr><td>{r.variant}</td><td>{r.geomean_us:.2f}</td><td>{r.vs_flashmla:.3f}×</td>"
+                       f"<td>{r.shapes}</td></tr>" for r in g.itertuples())  # fmt: skip
+        head = "<tr><th>variant</th><th>µs</th><th>ratio</th><th>shapes</th></tr>"
+        table.value = (f"<b>geomean over the shapes each ran</b> (µs; × FlashMLA fp8 over the same shapes), measured "
+                       f"on the H200 in one process ({dd.value}; what each variant changes: data/README.md, "
+                       f"profiles/)<table>{head}{rows}</table>")  # fmt: skip
+
+    dd.observe(refresh, names="value")
+    refresh()
+    return ExperimentsPanel(W.VBox([dd, table, fig]), dd, fig, table)

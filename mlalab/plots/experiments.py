@@ -1,0 +1,126 @@
+"""Design experiments on the H200: kernel variants timed side by side with FlashMLA fp8 in one process.
+
+Each ``data/profiles/*_ab_*.csv`` is one run of ``scripts/hopper_ab.py``: per competition shape (``B``, ``L``)
+FlashMLA fp8's µs (``flashmla``), one column of µs per variant of our sm_90 stage 1 (names as in the script's
+``VARIANTS``; what each one changes is listed in data/README.md, section profiles/), and ``floor`` = the shape's
+bytes over the copy bandwidth measured in that run. A variant that failed at a shape has an empty cell. Because
+every column of a file comes from the same process, minutes apart, ratios *within* a file are what to compare;
+the same variant in two files can differ by the run-to-run spread (up to 10-15 % on the longest shapes).
+
+    from mlalab.plots.experiments import experiment_figure, list_experiments, load_experiment
+    experiment_figure(load_experiment(list_experiments()[-1]))
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..io import natural_key
+from .timeline import PROFILE_DIR
+
+__all__ = ["list_experiments", "load_experiment", "experiment_geomeans", "experiment_figure"]
+
+#: the columns every experiment file has besides its variants
+_FIXED = ("B", "L", "flashmla")
+
+
+def list_experiments(directory: str = PROFILE_DIR) -> list[str]:
+    """File names of the recorded experiments (``*_ab_*.csv``) in name order: by date, then name (numbers by value)."""
+    files = glob.glob(os.path.join(directory, "*_ab_*.csv"))
+    return sorted((os.path.basename(f) for f in files), key=natural_key)
+
+
+def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
+    """One experiment file (a name from `list_experiments` or a path), checked: the shape and FlashMLA columns, at
+    least one variant, every time a positive number of µs or empty (a variant that failed there). Column ``run``
+    holds the file name."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a file name or path (str), got {name!r}")
+    path = name if os.path.sep in name or os.path.exists(name) else os.path.join(directory, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no experiment {name!r}; recorded: {', '.join(list_experiments(directory)) or 'none'}")
+    df = pd.read_csv(path)
+    missing = [c for c in _FIXED if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path} lacks columns {missing}: not a scripts/hopper_ab.py table")
+    if not _variants(df):
+        raise ValueError(f"{path} has no variant column besides {', '.join(_FIXED)} and floor")
+    times = df[["flashmla", *_variants(df)]].to_numpy(dtype=np.float64)
+    if df.empty or not (np.isnan(times) | (times > 0)).all() or not (df["flashmla"] > 0).all():
+        raise ValueError(f"{path}: every time must be a positive number of µs (or empty for a failed variant)")
+    return df.assign(run=os.path.basename(path))
+
+
+def _variants(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c not in (*_FIXED, "floor", "run")]
+
+
+def experiment_geomeans(df: pd.DataFrame) -> pd.DataFrame:
+    """Per variant (and FlashMLA fp8 and, when recorded, the copy floor): the geomean µs over the shapes it ran, its
+    ratio to FlashMLA fp8's geomean over the same shapes, and how many shapes that is."""
+    _check(df)
+    rows = []
+    for col in ["flashmla", *_variants(df), *(["floor"] if "floor" in df.columns else [])]:
+        ok = df[col].notna() & (df[col] > 0)
+        n = int(ok.sum())
+        geo = float(np.exp(np.log(df.loc[ok, col]).mean())) if n else math.nan
+        peer = float(np.exp(np.log(df.loc[ok, "flashmla"]).mean())) if n else math.nan
+        rows.append({"variant": col, "geomean_us": geo, "vs_flashmla": geo / peer, "shapes": n})
+    return pd.DataFrame(rows)
+
+
+def _check(df: object) -> None:
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"df must be a pandas DataFrame (load_experiment), got {type(df).__name__}")
+    missing = [c for c in _FIXED if c not in df.columns]
+    if missing or not _variants(df) or df.empty:
+        raise ValueError(f"df must be an experiment table with rows, {', '.join(_FIXED)} and variant columns")
+
+
+def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:
+    """Per shape, each variant's time over FlashMLA fp8's (lower is faster), the legend with each geomean ratio;
+    diamonds: the copy floor (bytes / copy bandwidth) over FlashMLA's time, what no kernel reading every byte once
+    can beat by much; the dashed line: the goal on the geomean."""
+    _check(df)
+    if isinstance(goal, bool) or not (isinstance(goal, float | int) and goal > 0):
+        raise ValueError(f"goal must be a positive ratio, got {goal!r}")
+    d = df.sort_values(["L", "B"])
+    shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
+    geo = experiment_geomeans(d).set_index("variant")
+    fig = go.Figure()
+    for col in _variants(d):
+        ratio = d[col] / d["flashmla"]
+        hover = [f"{u:.2f} µs vs FlashMLA fp8 {f:.2f} µs" for u, f in zip(d[col], d["flashmla"])]
+        g = geo.loc[col]
+        missing = "" if g["shapes"] == len(d) else f" ({int(g['shapes'])} of {len(d)} shapes)"
+        fig.add_trace(go.Bar(x=shapes, y=ratio, name=f"{col}: {g['vs_flashmla']:.3f}×{missing}", hovertext=hover))
+    if "floor" in d.columns:
+        fig.add_trace(go.Scatter(x=shapes, y=d["floor"] / d["flashmla"], mode="markers", name="copy floor",
+                                 marker={"symbol": "diamond", "color": "black"}))  # fmt: skip
+    fig.add_hline(y=goal, line_dash="dash", annotation_text=f"goal {goal}× (geomean)", annotation_position="top left")
+    run = f" — {d['run'].iloc[0]}" if "run" in d.columns else ""
+    fig.update_layout(
+        barmode="group",
+        title=f"variants / FlashMLA fp8, one process on the H200{run}",
+        yaxis_title="× FlashMLA fp8's time (lower is faster)",
+        height=440,
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def main() -> None:
+    """Print every recorded experiment's geomeans."""
+    for name in list_experiments():
+        print(name)
+        print(experiment_geomeans(load_experiment(name)).round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Recorded design experiments (data/profiles/*_ab_*.csv): loading, geomeans, the figure, the notebook-04 panel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mlalab.plots.experiments import experiment_figure, experiment_geomeans, list_experiments, load_experiment
+
+
+def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> None:
+    names = list_experiments()
+    assert "h200_2026-12-03_ab_refill.csv" in names and len(names) >= 6
+    for name in names:
+        df = load_experiment(name)
+        raw = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / name)
+        g = experiment_geomeans(df).set_index("variant")
+        for col in [c for c in raw.columns if c not in ("B", "L", "floor")]:
+            ok = raw[col].notna()
+            want = np.exp(np.log(raw.loc[ok, col]).mean()) / np.exp(np.log(raw.loc[ok, "flashmla"]).mean())
+            assert g.loc[col, "vs_flashmla"] == pytest.approx(want, rel=1e-12), (name, col)
+        assert g.loc["flashmla", "vs_flashmla"] == pytest.approx(1.0)
+        fig = experiment_figure(df)
+        bars = [t for t in fig.data if t.type == "bar"]
+        assert len(bars) == len(g) - 2  # every variant; not FlashMLA itself, not the floor (a marker trace)
+        assert all(f"{g.loc[t.name.split(':')[0], 'vs_flashmla']:.3f}×" in t.name for t in bars)
+        assert name in fig.layout.title.text and fig.layout.shapes[0].y0 == 0.65
+
+
+def test_a_failed_variant_cell_is_left_out_and_said(tmp_path: Path) -> None:
+    df = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / "h200_2026-12-03_ab_refill.csv")
+    df.loc[0, "v1"] = float("nan")  # v1 failed at one shape
+    p = tmp_path / "x_ab_y.csv"
+    df.to_csv(p, index=False)
+    e = load_experiment(str(p))
+    g = experiment_geomeans(e).set_index("variant")
+    assert g.loc["v1", "shapes"] == 11 and g.loc["v2", "shapes"] == 12
+    fig = experiment_figure(e)
+    assert any("(11 of 12 shapes)" in t.name for t in fig.data if t.type == "bar")
+
+
+def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="recorded: .*ab_refill"):
+        load_experiment("h200_1999-01-01_ab_none.csv")
+    with pytest.raises(TypeError, match="file name or path"):
+        load_experiment(3)  # type: ignore[arg-type]
+    p = tmp_path / "bad_ab_1.csv"
+    pd.DataFrame({"B": [4], "L": [1024], "v1": [5.0]}).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="lacks columns \\['flashmla'\\]"):
+        load_experiment(str(p))
+    pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "floor": [1.0]}).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="no variant column"):
+        load_experiment(str(p))
+    pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "v1": [-1.0]}).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="positive number of µs"):
+        load_experiment(str(p))
+    good = load_experiment("h200_2026-12-03_ab_refill.csv")
+    with pytest.raises(ValueError, match="goal must be a positive ratio"):
+        experiment_figure(good, goal=0)
+    with pytest.raises(TypeError, match="pandas DataFrame"):
+        experiment_figure(good.to_dict())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="experiment table with rows"):
+        experiment_geomeans(good.iloc[0:0])
+
+
+def test_experiments_panel_switches_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlalab.widgets import timing as T
+
+    p = T.experiments_panel()
+    assert p.experiment.value == list_experiments()[-1] and p.experiment.value in p.figure.layout.title.text
+    p.experiment.value = "h200_2026-12-03_ab_qfirst_stages.csv"
+    assert "v2q" in p.table.value and "ab_qfirst_stages" in p.figure.layout.title.text
+    with pytest.raises(ValueError, match="one of the recorded experiments"):
+        T.experiments_panel("nope.csv")
+    monkeypatch.setattr(T, "list_experiments", lambda: [])
+    assert "no recorded experiments" in T.experiments_panel().table.value
