@@ -24,6 +24,7 @@ import plotly.io as pio
 
 from . import __version__
 from .config import GPU_TARGETS, DecodeCase
+from .io import natural_key
 
 __all__ = [
     "ReportOptions",
@@ -195,13 +196,35 @@ def section_timings(opts: ReportOptions) -> Section:
     dates = ", ".join(sorted(rows["date"].astype(str).unique())) if "date" in rows else "?"
     missing = [f"{b} {p}" for b, p in TIMING_SERIES if (b, p) not in have]
     desc += f" Shown: {view.label}. Device: {gpus}; dates: {dates}; file(s) read: {', '.join(view.files)}."
-    others = sorted(set(df["run"].astype(str)) - set(view.files))
+    others = sorted(set(df["run"].astype(str)) - set(view.files), key=natural_key)
     if others:
         desc += f" Other recorded files not shown here: {', '.join(others)} (notebook 04 can show any run)."
     if missing:
         desc += f" No records for: {', '.join(missing)}."
     figs = (bars(view, series), bandwidth(view, series))  # type: ignore[operator]
     return Section(key, title, desc, figs, source="mlalab.plots.timing.recorded_view, bars_per_shape, bandwidth_figure")
+
+
+def section_experiments(opts: ReportOptions) -> Section:
+    key, title = "experiments", "Design experiments (recorded A/Bs)"
+    pdir = opts.data_dir / "profiles"
+    desc = (
+        f"Kernel variants timed beside FlashMLA fp8 in one process on the H200 (scripts/hopper_ab.py; files in {pdir}, "
+        "not measured now): each variant's time over FlashMLA's per shape, the legend with each geomean ratio. "
+        "Compare ratios within one figure; what each variant changes is listed in data/README.md."
+    )
+    try:
+        names_of, load, figure = _import(
+            "mlalab.plots.experiments", "list_experiments", "load_experiment", "experiment_figure"
+        )
+    except (ImportError, AttributeError) as e:
+        return _unavailable(key, title, desc, f"figure builder missing: {e}")
+    names = names_of(str(pdir))  # type: ignore[operator]
+    if not names:
+        return _unavailable(key, title, desc, f"no *_ab_*.csv in {pdir}")
+    figs = tuple(figure(load(n, str(pdir))) for n in names)  # type: ignore[operator]
+    desc += f" Files: {', '.join(names)}."
+    return Section(key, title, desc, figs, source="mlalab.plots.experiments.experiment_figure")
 
 
 SectionBuilder = Callable[[ReportOptions], Section]
@@ -211,6 +234,7 @@ SECTION_BUILDERS: dict[str, SectionBuilder] = {
     "accuracy": section_accuracy,
     "workmap": section_workmap,
     "timings": section_timings,
+    "experiments": section_experiments,
     "floor": section_floor,
 }
 

@@ -32,6 +32,7 @@ SECTION_MODULES = {
     "accuracy": "mlalab.plots.accuracy",
     "workmap": "mlalab.plots.splitkv",
     "timings": "mlalab.plots.timing",
+    "experiments": "mlalab.plots.experiments",
 }
 
 
