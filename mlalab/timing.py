@@ -49,6 +49,8 @@ __all__ = [
     "check_suite_args",
     "write_csv",
     "main",
+    "provenance",
+    "PROVENANCE_COLUMNS",
 ]
 
 COMPETITION_SHAPES = [(b, L) for b in (4, 8, 16, 32, 64, 128) for L in (1024, 8192)]
@@ -85,6 +87,17 @@ def gpu_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
     }
+
+
+#: The columns that say where and with what a GPU script's table was measured (`gpu_info`); the scripts under
+#: scripts/ append them to every row they record (data/profiles), as the bench does.
+PROVENANCE_COLUMNS = ("date", "gpu", "sm_count", "driver", "torch", "triton")
+
+
+def provenance() -> dict[str, Any]:
+    """`gpu_info` restricted to `PROVENANCE_COLUMNS` (raises RuntimeError without a GPU)."""
+    info = gpu_info()
+    return {k: info[k] for k in PROVENANCE_COLUMNS}
 
 
 def _events_ms(fn: Any, reps: int) -> list[float]:

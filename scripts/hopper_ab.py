@@ -21,7 +21,7 @@ from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.io import write_rows_csv
 from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder, naive_decode, prepare
-from mlalab.timing import copy_bandwidth, rotation_copies, time_callable
+from mlalab.timing import copy_bandwidth, provenance, rotation_copies, time_callable
 
 #: name -> (plan slots per SM, KernelConfig knobs). v1 / v2: the two sm_90 paths (`hopper_variant` vt-smem / v-regs)
 #: with q fetched after the ring, the code of run 9 (the A/Bs of 2026-12-02/03 that name them); v2x2: v-regs with
@@ -148,7 +148,8 @@ def main() -> None:
         print("vs flashmla" + " ".join(f"{geo[c] / geo['flashmla']:9.3f}" for c in cols))
     print("checks: " + ", ".join(f"{n}={'PASS' if good[n] else 'FAIL'}" for n in names))
     if a.out and rows:
-        write_rows_csv(a.out, [{k: r.get(k) for k in ("B", "L", *cols, "floor")} for r in rows])
+        prov = provenance()  # device, versions, date in every row
+        write_rows_csv(a.out, [{**{k: r.get(k) for k in ("B", "L", *cols, "floor")}, **prov} for r in rows])
 
 
 if __name__ == "__main__":

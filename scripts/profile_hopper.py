@@ -29,7 +29,7 @@ from mlalab.backends.triton import make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs
 from mlalab.io import write_rows_csv
-from mlalab.timing import copy_bandwidth, rotation_copies, time_callable
+from mlalab.timing import copy_bandwidth, provenance, rotation_copies, time_callable
 
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
@@ -120,7 +120,9 @@ def main() -> None:
     if a.out_dir:
         for name, data in (("profile.csv", rows), ("timeline_events.csv", events)):
             if data:
-                write_rows_csv(os.path.join(a.out_dir, name), data)
+                # device, versions and date in every profile row (not in the long events table: same run)
+                prov = provenance() if name == "profile.csv" else {}
+                write_rows_csv(os.path.join(a.out_dir, name), [{**r, **prov} for r in data])
     if rows and "flashmla_us" in rows[0]:
         for col in ("full_us", "full_old_reduce_us", "full_no_qk_us", "full_no_qk_pv_us"):
             if col in rows[0]:

@@ -19,7 +19,7 @@ from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs
 from mlalab.io import write_rows_csv
 from mlalab.splitkv.triton_decode import gdc_wait
-from mlalab.timing import rotation_copies, time_callable
+from mlalab.timing import provenance, rotation_copies, time_callable
 
 SHAPES = [(4, 1024), (8, 1024), (16, 1024), (32, 1024), (64, 1024), (4, 8192), (16, 8192), (64, 8192)]
 
@@ -71,7 +71,8 @@ def main() -> None:
         rows.append(line)
         print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in line.items()), flush=True)
     if a.out and rows:
-        write_rows_csv(a.out, rows)
+        prov = provenance()  # device, versions, date in every row
+        write_rows_csv(a.out, [{**r, **prov} for r in rows])
 
 
 if __name__ == "__main__":

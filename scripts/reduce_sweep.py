@@ -16,7 +16,7 @@ from mlalab.backends.triton import make_callable
 from mlalab.config import MLA, DecodeCase
 from mlalab.inputs import make_inputs
 from mlalab.io import write_rows_csv
-from mlalab.timing import rotation_copies, time_callable
+from mlalab.timing import provenance, rotation_copies, time_callable
 
 SHAPES = [(4, 1024), (8, 1024), (16, 1024), (32, 1024), (64, 1024), (4, 8192), (16, 8192), (64, 8192)]
 
@@ -54,7 +54,8 @@ def main() -> None:
         del x
         torch.cuda.empty_cache()
     if a.out and rows:
-        write_rows_csv(a.out, rows)
+        prov = provenance()  # device, versions, date in every row
+        write_rows_csv(a.out, [{**r, **prov} for r in rows])
     best: dict[tuple[int, int], dict] = {}
     for r in rows:
         k = (r["B"], r["L"])

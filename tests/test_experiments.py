@@ -33,11 +33,13 @@ def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> Non
 def test_a_failed_variant_cell_is_left_out_and_said(tmp_path: Path) -> None:
     df = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / "h200_2026-12-03_ab_refill.csv")
     df.loc[0, "v1"] = float("nan")  # v1 failed at one shape
+    df = df.assign(date="2026-12-03", gpu="NVIDIA H200", sm_count=132, driver="x", torch="y", triton="z")  # provenance
     p = tmp_path / "x_ab_y.csv"
     df.to_csv(p, index=False)
     e = load_experiment(str(p))
     g = experiment_geomeans(e).set_index("variant")
     assert g.loc["v1", "shapes"] == 11 and g.loc["v2", "shapes"] == 12
+    assert set(g.index) == {"flashmla", "v1", "v2", "v2-early", "floor"}  # provenance columns are not variants
     fig = experiment_figure(e)
     assert any("(11 of 12 shapes)" in t.name for t in fig.data if t.type == "bar")
 
@@ -77,3 +79,17 @@ def test_experiments_panel_switches_files(monkeypatch: pytest.MonkeyPatch) -> No
         T.experiments_panel("nope.csv")
     monkeypatch.setattr(T, "list_experiments", lambda: [])
     assert "no recorded experiments" in T.experiments_panel().table.value
+
+
+def test_gpu_scripts_provenance_needs_a_gpu() -> None:
+    """The GPU scripts stamp device, versions and date on every row (`mlalab.timing.provenance`); without a GPU
+    there is nothing to stamp and it says so."""
+    import torch
+
+    from mlalab.timing import PROVENANCE_COLUMNS, provenance
+
+    if torch.cuda.is_available():
+        assert tuple(provenance()) == PROVENANCE_COLUMNS
+    else:
+        with pytest.raises(RuntimeError, match="needs a GPU"):
+            provenance()

@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..io import natural_key
+from ..timing import PROVENANCE_COLUMNS
 from .timeline import PROFILE_DIR
 
 __all__ = ["list_experiments", "load_experiment", "experiment_geomeans", "experiment_figure"]
@@ -58,7 +59,8 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
 
 
 def _variants(df: pd.DataFrame) -> list[str]:
-    return [c for c in df.columns if c not in (*_FIXED, "floor", "run")]
+    """The variant columns: all but the shape, FlashMLA, the floor, the file name and the provenance columns."""
+    return [c for c in df.columns if c not in (*_FIXED, "floor", "run", *PROVENANCE_COLUMNS)]
 
 
 def experiment_geomeans(df: pd.DataFrame) -> pd.DataFrame:
