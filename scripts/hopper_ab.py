@@ -40,9 +40,10 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2s4": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=False)),
     "v2s4q": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_q_first=True)),
     "v2s5q": (1, dict(hopper_variant="v-regs", hopper_stages=5, hopper_q_first=True)),
-    # maxima and softmax sums across the 4 warps with one barrier instead of Triton's two (`gluon_hopper._across_warps`)
+    # maxima and softmax sums across the 4 warps with one barrier instead of Triton 3.6's two
+    # (`gluon_hopper._across_warps`): compare v2mx with v2q (both q first), v1mx with v1 (both q last)
     "v2mx": (1, dict(hopper_variant="v-regs", hopper_warp_exchange=True)),
-    "v1mx": (1, dict(hopper_variant="vt-smem", hopper_warp_exchange=True)),
+    "v1mx": (1, dict(hopper_variant="vt-smem", hopper_warp_exchange=True, hopper_q_first=False)),  # (beside v1)
 }
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from mlalab.plots.experiments import experiment_figure, experiment_geomeans, list_experiments, load_experiment
+from mlalab.timing import PROVENANCE_COLUMNS
 
 
 def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> None:
@@ -18,7 +19,7 @@ def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> Non
         df = load_experiment(name)
         raw = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / name)
         g = experiment_geomeans(df).set_index("variant")
-        for col in [c for c in raw.columns if c not in ("B", "L", "floor")]:
+        for col in [c for c in raw.columns if c not in ("B", "L", "floor", *PROVENANCE_COLUMNS)]:
             ok = raw[col].notna()
             want = np.exp(np.log(raw.loc[ok, col]).mean()) / np.exp(np.log(raw.loc[ok, "flashmla"]).mean())
             assert g.loc[col, "vs_flashmla"] == pytest.approx(want, rel=1e-12), (name, col)
@@ -56,9 +57,10 @@ def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
     pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "floor": [1.0]}).to_csv(p, index=False)
     with pytest.raises(ValueError, match="no variant column"):
         load_experiment(str(p))
-    pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "v1": [-1.0]}).to_csv(p, index=False)
-    with pytest.raises(ValueError, match="positive number of µs"):
-        load_experiment(str(p))
+    for bad in (-1.0, float("inf")):
+        pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "v1": [bad]}).to_csv(p, index=False)
+        with pytest.raises(ValueError, match="finite positive number of µs"):
+            load_experiment(str(p))
     good = load_experiment("h200_2026-12-03_ab_refill.csv")
     with pytest.raises(ValueError, match="goal must be a positive ratio"):
         experiment_figure(good, goal=0)
@@ -66,6 +68,17 @@ def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
         experiment_figure(good.to_dict())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="experiment table with rows"):
         experiment_geomeans(good.iloc[0:0])
+
+
+def test_a_bare_file_name_is_looked_up_in_the_profiles_directory(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A file of the same name in the working directory does not shadow the recorded one."""
+    name = "h200_2026-12-03_ab_refill.csv"
+    pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "impostor": [1.0]}).to_csv(tmp_path / name, index=False)
+    monkeypatch.chdir(tmp_path)
+    assert "impostor" not in load_experiment(name).columns
+    assert "impostor" in load_experiment(str(tmp_path / name)).columns  # a path with a directory part is used as is
+    assert "impostor" in load_experiment(name, directory=str(tmp_path)).columns
 
 
 def test_experiments_panel_switches_files(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -281,3 +281,13 @@ def test_recorded_events_rebuild_the_live_timeline() -> None:
         CtaTimeline.from_events([{**e, "t_ns": float("nan")} for e in tl.events()])
     with pytest.raises(ValueError, match="empty"):
         CtaTimeline.from_events([])
+    ev = tl.events()
+    with pytest.raises(ValueError, match="appears twice"):  # two launches in one table
+        CtaTimeline.from_events(ev + ev)
+    with pytest.raises(ValueError, match="cta must be integers >= 0"):
+        CtaTimeline.from_events([{**e, "cta": e["cta"] - 1} for e in ev])
+    with pytest.raises(ValueError, match="each tile needs all three"):
+        CtaTimeline.from_events([e for e in ev if not (e["event"] == "qk_done" and e["index"] == 1)])
+    with pytest.raises(ValueError, match="numbered 0 .. 1"):
+        CtaTimeline.from_events([{**e, "index": 5} if e["event"] == "work_done" and e["cta"] == 0 else e for e in ev]
+                                + [{"cta": 0, "event": "work_done", "index": 0, "t_ns": 1.0}])  # fmt: skip

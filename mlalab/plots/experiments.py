@@ -38,12 +38,13 @@ def list_experiments(directory: str = PROFILE_DIR) -> list[str]:
 
 
 def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
-    """One experiment file (a name from `list_experiments` or a path), checked: the shape and FlashMLA columns, at
-    least one variant, every time a positive number of µs or empty (a variant that failed there). Column ``run``
-    holds the file name."""
+    """One experiment file (a name from `list_experiments`, looked up in `directory`, or a path with a directory
+    part), checked: the shape and FlashMLA columns, at least one variant, every time a finite positive number of µs
+    or empty (a variant that failed there). Column ``run`` holds the file name."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a file name or path (str), got {name!r}")
-    path = name if os.path.sep in name or os.path.exists(name) else os.path.join(directory, name)
+    has_dir = os.path.dirname(name) != ""  # (os.path.dirname knows os.sep and os.altsep)
+    path = name if has_dir else os.path.join(directory, name)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no experiment {name!r}; recorded: {', '.join(list_experiments(directory)) or 'none'}")
     df = pd.read_csv(path)
@@ -53,8 +54,9 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
     if not _variants(df):
         raise ValueError(f"{path} has no variant column besides {', '.join(_FIXED)} and floor")
     times = df[["flashmla", *_variants(df)]].to_numpy(dtype=np.float64)
-    if df.empty or not (np.isnan(times) | (times > 0)).all() or not (df["flashmla"] > 0).all():
-        raise ValueError(f"{path}: every time must be a positive number of µs (or empty for a failed variant)")
+    finite_positive = np.isfinite(times) & (times > 0)
+    if df.empty or not (np.isnan(times) | finite_positive).all() or not finite_positive[:, 0].all():
+        raise ValueError(f"{path}: every time must be a finite positive number of µs (or empty for a failed variant)")
     return df.assign(run=os.path.basename(path))
 
 

@@ -133,10 +133,11 @@ _ALL_WARPS = gl.DistributedLinearLayout(
 @gluon.jit
 def _across_warps(x, buf, IS_MAX: gl.constexpr, NQ: gl.constexpr):
     """max (`IS_MAX`) or sum over the 64 tokens of `x` (64 tokens × NQ heads, wgmma accumulator layout: warp w holds
-    tokens 16w .. 16w + 15) per head, in ``SliceLayout(0, ACC)``: each warp reduces its 16 tokens with shuffles, writes
-    its NQ results to `buf` (4 × NQ fp32), one barrier, and every thread reads the 4 warps' values of its heads.
-    Triton's own cross-warp reduction takes two shared-memory rounds and two barriers. `buf` must not be read by an
-    earlier call that no barrier separates from this one (the kernel alternates halves: see ``WARP_XCHG``)."""
+    tokens 16w .. 16w + 15) per head, in ``SliceLayout(0, ACC)``: each warp reduces its 16 tokens with shuffles,
+    writes its NQ results to `buf` (4 × NQ fp32), one barrier, and every thread reads the 4 warps' values of its
+    heads. Triton 3.6's own cross-warp reduction (the H200 machine's) takes two shared-memory rounds and two
+    barriers (3.9: one). `buf` must not be read by an earlier call that no barrier separates from this one (the
+    kernel alternates halves: see ``WARP_XCHG``)."""
     gl.static_assert(NQ == 16, "_ALL_WARPS is written for 16 heads")
     ACC: gl.constexpr = x.type.layout
     if IS_MAX:

@@ -50,7 +50,9 @@ class CtaTimeline:
     def from_events(cls, events: object, *, kernel: str = "recorded") -> CtaTimeline:
         """Rebuild a timeline from its `events` table (a pandas DataFrame or a list of dicts with ``cta``, ``event``,
         ``index``, ``t_ns``, e.g. one shape of a recorded data/profiles/*_timeline.csv), so a recorded launch is
-        summarised by the same code as a live one. CTAs are numbered 0 .. max(cta); each needs a start and an end."""
+        summarised by the same code as a live one. One launch only: CTAs are the integers 0 .. max(cta), each with one
+        start, issued and end event; (cta, event, index) is unique; a CTA's tile, qk_done and pv_issued events are
+        numbered 0 .. n-1 with the same n, its work_done events 0 .. w-1."""
         import pandas as pd
 
         d = pd.DataFrame(events)
@@ -61,6 +63,12 @@ class CtaTimeline:
             raise ValueError(f"events lack columns {missing}")
         if not np.isfinite(d["t_ns"].to_numpy(dtype=np.float64)).all():
             raise ValueError("events: every t_ns must be a finite number")
+        for col in ("cta", "index"):
+            v = d[col].to_numpy()
+            if not (np.issubdtype(v.dtype, np.integer) and (v >= 0).all()):
+                raise ValueError(f"events: {col} must be integers >= 0")
+        if d.duplicated(["cta", "event", "index"]).any():
+            raise ValueError("events: a (cta, event, index) appears twice: more than one launch in the table?")
         n_cu = int(d["cta"].max()) + 1
         by = {e: g.sort_values("index") for e, g in d.groupby("event")}
 
@@ -77,14 +85,24 @@ class CtaTimeline:
             g = by.get(event)
             if g is None:
                 return tuple(np.zeros(0) for _ in range(n_cu))
-            t = dict(iter(g.groupby("cta")["t_ns"]))
-            return tuple(np.asarray(t[c], dtype=np.float64) if c in t else np.zeros(0) for c in range(n_cu))
+            out = []
+            for c in range(n_cu):
+                h = g[g["cta"] == c]
+                if not np.array_equal(h["index"].to_numpy(), np.arange(len(h))):
+                    raise ValueError(f"events: CTA {c}'s {event!r} events must be numbered 0 .. {len(h) - 1}")
+                out.append(h["t_ns"].to_numpy(dtype=np.float64))
+            return tuple(out)
 
+        tiles, qk, pv = per_cta("tile"), per_cta("qk_done"), per_cta("pv_issued")
+        for c in range(n_cu):
+            if not len(tiles[c]) == len(qk[c]) == len(pv[c]):
+                raise ValueError(f"events: CTA {c} has {len(tiles[c])} tile, {len(qk[c])} qk_done and {len(pv[c])} "
+                                 "pv_issued events: each tile needs all three")  # fmt: skip
         return cls(
             kernel=kernel, clock_ghz=float("nan"), start_ns=one("start", None), end_ns=one("end", None),
-            issued_ns=one("issued", None), tile_ready_ns=per_cta("tile"), qk_done_ns=per_cta("qk_done"),
-            pv_issued_ns=per_cta("pv_issued"), work_done_ns=per_cta("work_done"), pv_done_ns=one("pv_done", np.nan),
-            lse_done_ns=one("lse_done", np.nan), clock_source="recorded",
+            issued_ns=one("issued", None), tile_ready_ns=tiles, qk_done_ns=qk, pv_issued_ns=pv,
+            work_done_ns=per_cta("work_done"), pv_done_ns=one("pv_done", np.nan), lse_done_ns=one("lse_done", np.nan),
+            clock_source="recorded",
         )  # fmt: skip
 
     @property
