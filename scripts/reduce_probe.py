@@ -40,7 +40,7 @@ def probe(B: int, L: int) -> dict | None:
     dec = info["decoder"]
     if not dec.split_tiles.numel():
         return None
-    copies = [dec.p.kv] + [dec.p.kv.clone() for _ in range(n - 1)]
+    copies = info["kv_copies"]  # the ones `call` rotates through
     grid = (dec.split_tiles.numel(), MLA.v_dim // dec.reduce_block_dv)
     sink = torch.zeros(1, device="cuda")
 

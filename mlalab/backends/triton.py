@@ -111,7 +111,8 @@ def make_callable(
     cfg = KernelConfig(**knobs)
     dec = TritonDecoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact)
     copies = [prep.kv] + [prep.kv.clone() for _ in range(max(0, n_copies - 1))]
-    info = {"prepared": prep, "plan": plan, "decoder": dec, "kv_bytes": prep.kv.numel() * prep.kv.element_size()}
+    info = {"prepared": prep, "plan": plan, "decoder": dec, "kv_bytes": prep.kv.numel() * prep.kv.element_size(),
+            "kv_copies": copies}  # fmt: skip
     return (lambda i: dec(kv=copies[i % len(copies)])[0]), info
 
 

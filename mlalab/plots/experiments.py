@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 
 from ..io import natural_key
 from ..timing import PROVENANCE_COLUMNS
-from .timeline import PROFILE_DIR
+from .timeline import PROFILE_DIR, check_goal, finish_ratio_figure
 
 __all__ = ["list_experiments", "load_experiment", "experiment_geomeans", "experiment_figure"]
 
@@ -92,8 +92,7 @@ def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:
     diamonds: the copy floor (bytes / copy bandwidth) over FlashMLA's time, what no kernel reading every byte once
     can beat by much; the dashed line: the goal on the geomean."""
     _check(df)
-    if isinstance(goal, bool) or not (isinstance(goal, float | int) and goal > 0):
-        raise ValueError(f"goal must be a positive ratio, got {goal!r}")
+    check_goal(goal)
     d = df.sort_values(["L", "B"])
     shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
     geo = experiment_geomeans(d).set_index("variant")
@@ -107,16 +106,8 @@ def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:
     if "floor" in d.columns:
         fig.add_trace(go.Scatter(x=shapes, y=d["floor"] / d["flashmla"], mode="markers", name="copy floor",
                                  marker={"symbol": "diamond", "color": "black"}))  # fmt: skip
-    fig.add_hline(y=goal, line_dash="dash", annotation_text=f"goal {goal}× (geomean)", annotation_position="top left")
     run = f" — {d['run'].iloc[0]}" if "run" in d.columns else ""
-    fig.update_layout(
-        barmode="group",
-        title=f"variants / FlashMLA fp8, one process on the H200{run}",
-        yaxis_title="× FlashMLA fp8's time (lower is faster)",
-        height=440,
-        legend={"orientation": "h", "y": -0.25},
-    )
-    return fig
+    return finish_ratio_figure(fig, goal, f"variants / FlashMLA fp8, one process on the H200{run}")
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ __all__ = [
     "ABLATIONS",
     "load_ablation_profile",
     "ablation_figure",
+    "check_goal",
+    "finish_ratio_figure",
 ]
 
 PROFILE_DIR = os.path.join(
@@ -202,8 +204,7 @@ def ablation_figure(profile: pd.DataFrame, goal: float = 0.65) -> go.Figure:
     skipped" stays above the line, the matrix products are not what keeps a shape from the goal."""
     if not isinstance(profile, pd.DataFrame):
         raise TypeError(f"profile must be a pandas DataFrame, got {type(profile).__name__}")
-    if isinstance(goal, bool) or not (isinstance(goal, float | int) and goal > 0):
-        raise ValueError(f"goal must be a positive ratio, got {goal!r}")
+    check_goal(goal)
     _check_ablations(profile, "profile lacks columns", "profile must have rows, every time a positive number of µs")
     d = profile.sort_values(["L", "B"])
     shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
@@ -213,11 +214,23 @@ def ablation_figure(profile: pd.DataFrame, goal: float = 0.65) -> go.Figure:
         geo = float(np.exp(np.log(ratio).mean()))
         hover = [f"{u:.2f} µs vs FlashMLA fp8 {f:.2f} µs" for u, f in zip(d[col], d["flashmla_us"])]
         fig.add_trace(go.Bar(x=shapes, y=ratio, name=f"{label}: geomean {geo:.3f}×", hovertext=hover))
-    fig.add_hline(y=goal, line_dash="dash", annotation_text=f"goal {goal}× (geomean)", annotation_position="top left")
     run = f" ({d['run'].iloc[0]})" if "run" in d.columns else ""
+    return finish_ratio_figure(fig, goal, f"time / FlashMLA fp8, measured on the H200 in one process{run}")
+
+
+def check_goal(goal: object) -> None:
+    """A goal on the geomean of time / FlashMLA fp8: a positive number."""
+    if isinstance(goal, bool) or not (isinstance(goal, float | int) and goal > 0):
+        raise ValueError(f"goal must be a positive ratio, got {goal!r}")
+
+
+def finish_ratio_figure(fig: go.Figure, goal: float, title: str) -> go.Figure:
+    """The common frame of the figures of per-shape bars of time / FlashMLA fp8's time (`ablation_figure`,
+    `mlalab.plots.experiments.experiment_figure`): the goal as a dashed line, grouped bars, legend below."""
+    fig.add_hline(y=goal, line_dash="dash", annotation_text=f"goal {goal}× (geomean)", annotation_position="top left")
     fig.update_layout(
         barmode="group",
-        title=f"time / FlashMLA fp8, measured on the H200 in one process{run}",
+        title=title,
         yaxis_title="× FlashMLA fp8's time (lower is faster)",
         height=440,
         legend={"orientation": "h", "y": -0.25},

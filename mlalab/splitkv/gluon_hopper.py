@@ -136,8 +136,8 @@ def _across_warps(x, buf, IS_MAX: gl.constexpr, NQ: gl.constexpr):
     tokens 16w .. 16w + 15) per head, in ``SliceLayout(0, ACC)``: each warp reduces its 16 tokens with shuffles,
     writes its NQ results to `buf` (4 × NQ fp32), one barrier, and every thread reads the 4 warps' values of its
     heads. Triton 3.6's own cross-warp reduction (the H200 machine's) takes two shared-memory rounds and two
-    barriers (3.9: one). `buf` must not be read by an earlier call that no barrier separates from this one (the
-    kernel alternates halves: see ``WARP_XCHG``)."""
+    barriers (3.9: one). `buf` must not be read by an earlier call that no barrier separates from this one (see the
+    kernel's ``xchg_smem``)."""
     gl.static_assert(NQ == 16, "_ALL_WARPS is written for 16 heads")
     ACC: gl.constexpr = x.type.layout
     if IS_MAX:
@@ -316,10 +316,10 @@ def _stage1_kernel(
     if not V_IN_REGS:
         vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     if WARP_XCHG:
-        # the 4 warps' per-head values of `_across_warps`: halves 0 / 1 for the tiles' maxima by tile parity (a tile's
-        # reads precede the barrier after its P store, which the tile two later passes before writing), 2 / 3 for
-        # the works' softmax sums by work parity (an epilogue's reads precede the next work's barriers)
-        xchg_smem = gl.allocate_shared_memory(gl.float32, [4, 4, NQ], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        # the 4 warps' per-head values of `_across_warps`: slot 0 for the tiles' maxima (a tile's reads precede the
+        # barrier after its P store, which the next tile passes before it writes), 1 / 2 for the works' softmax sums by
+        # work parity (a work without tiles has no barrier between the previous epilogue's reads and its write)
+        xchg_smem = gl.allocate_shared_memory(gl.float32, [3, 4, NQ], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
@@ -412,8 +412,8 @@ def _stage1_kernel(
             sc = s_acc * qk_scale
             sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
             if WARP_XCHG:  # per-warp maxima (shuffles), one smem exchange, one barrier (`_across_warps`)
-                m_new = gl.maximum(m_i, _across_warps(sc, xchg_smem.index(it % 2), True, NQ))
-            else:  # Triton's cross-warp reduction: two smem rounds, two barriers
+                m_new = gl.maximum(m_i, _across_warps(sc, xchg_smem.index(0), True, NQ))
+            else:  # Triton's cross-warp reduction (3.6: two smem rounds, two barriers)
                 m_new = gl.maximum(m_i, gl.max(sc, axis=0))
             alpha = gl.exp2(m_i - m_new)
             p = gl.exp2(sc - m_new[None, :])
@@ -448,7 +448,7 @@ def _stage1_kernel(
             _stamp(tl_row, 5)
         # the work's softmax sum per head, reduced once from the per-thread running sums
         if WARP_XCHG:
-            l_sum = _across_warps(l_acc, xchg_smem.index(2 + j % 2), False, NQ)
+            l_sum = _across_warps(l_acc, xchg_smem.index(1 + j % 2), False, NQ)
         else:
             l_sum = gl.sum(l_acc, axis=0)
         if TIMELINE:  # (a data dependence orders the stamp after the sum: >= 0, so the offset is always 0; the sum
