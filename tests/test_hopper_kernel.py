@@ -339,3 +339,17 @@ def test_gpu_ablations_skip_the_compute_they_name(variant: str) -> None:
     assert _rel(out, mean_v[:, None, :].expand_as(out)) <= 1e-2  # P = 1 rounded through fp8 is exact: bf16 out
     assert _rel(_poisoned_run(real)[0].double().cpu(), mean_v[:, None, :].expand_as(out)) > 0.1
     assert torch.count_nonzero(_poisoned_run(none)[0]) == 0
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+def test_sm90_build_refuses_bad_options_before_compiling() -> None:
+    from mlalab.splitkv.sm90_build import compile_hopper
+
+    with pytest.raises(ValueError, match="ablate must be 0"):
+        compile_hopper(3, ablate=3)
+    with pytest.raises(TypeError, match="warp_exchange must be True or False"):
+        compile_hopper(3, variant="v-regs", warp_exchange=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="stages must be 1 to 3 on the vt-smem path"):
+        compile_hopper(4, variant="vt-smem")
+    with pytest.raises(ValueError, match="variant must be"):
+        compile_hopper(3, variant="fast")

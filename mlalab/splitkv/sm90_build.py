@@ -102,7 +102,7 @@ def compile_hopper(
         raise ValueError(f"variant must be 'vt-smem' or 'v-regs', got {variant!r}")
     if ablate not in (0, 1, 2) or isinstance(ablate, bool):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV), got {ablate!r}")
-    for name, flag in (("refill_after_pv", refill_after_pv), ("q_first", q_first)):
+    for name, flag in (("refill_after_pv", refill_after_pv), ("q_first", q_first), ("warp_exchange", warp_exchange)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     from .triton_mla import HOPPER_INFO_COLS, HOPPER_MAX_STAGES
