@@ -104,6 +104,19 @@ def _competition_quantize_fp8(tensor: torch.Tensor, dtype: torch.dtype) -> tuple
     return fp8_tensor, scale.to(torch.float32).reshape(1)
 
 
+@pytest.mark.parametrize("math_mode", ["float32", "bf16"])
+def test_per_tensor_of_an_empty_tensor_gets_the_floor_scale(math_mode: str) -> None:
+    """The KV of a batch whose requests are all empty has 0 tokens: its per-tensor scale is the amax floor's, as for
+    an all-zero tensor (torch refuses amax() of an empty tensor); the fp4 formats take it too."""
+    empty = torch.zeros(0, 576, dtype=torch.bfloat16)
+    codes, scale = quantize_fp8_per_tensor(empty, "e4m3fn", math=math_mode)
+    zero_codes, zero_scale = quantize_fp8_per_tensor(torch.zeros(2, 576, dtype=torch.bfloat16), "e4m3fn", math=math_mode)
+    assert codes.shape == (0, 576) and torch.equal(scale, zero_scale) and bool(torch.isfinite(scale).all())
+    packed, block_scales, g = nvfp4_quantize(empty)
+    assert packed.shape == (0, 288) and block_scales.shape == (0, 36) and float(g) == 1.0
+    assert mxfp4_quantize(empty)[0].shape == (0, 288)
+
+
 @pytest.mark.parametrize("fmt", ["e4m3fn", "e4m3fnuz"])
 @pytest.mark.parametrize("std", [0.02, 1.0])
 def test_bf16math_is_bit_exact_with_competition_and_differs_from_fp32(fmt: str, std: float) -> None:

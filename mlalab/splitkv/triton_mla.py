@@ -188,8 +188,8 @@ class KernelConfig:
     first tiles (default; else after them, as up to 2026-12-03's run 9: 0.718x vs 0.710x of FlashMLA fp8's geomean
     in one A/B, data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). ``hopper_warp_exchange`` (hopper): each tile's
     score maximum and each work's softmax sum across the 4 warps with one shared-memory exchange and one barrier
-    (`gluon_hopper._across_warps`) instead of the two of Triton 3.6's reduction (3.9 already uses one); compiled for
-    sm_90 on the CPU, **not yet run on a GPU** (2026-12-03), so off. ``hopper_stages``: the TMA ring's depth, 1 to
+    (`gluon_hopper._across_warps`) instead of the two of Triton 3.6's reduction (3.9 already uses one); correct on the
+    H200 but no faster (21.48 vs 21.47 us geomean, data/profiles/h200_2026-12-03_ab_warp_exchange.csv), so off. ``hopper_stages``: the TMA ring's depth, 1 to
     `HOPPER_MAX_STAGES` of the path. The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
