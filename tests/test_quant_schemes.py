@@ -110,7 +110,8 @@ def test_per_tensor_of_an_empty_tensor_gets_the_floor_scale(math_mode: str) -> N
     an all-zero tensor (torch refuses amax() of an empty tensor); the fp4 formats take it too."""
     empty = torch.zeros(0, 576, dtype=torch.bfloat16)
     codes, scale = quantize_fp8_per_tensor(empty, "e4m3fn", math=math_mode)
-    zero_codes, zero_scale = quantize_fp8_per_tensor(torch.zeros(2, 576, dtype=torch.bfloat16), "e4m3fn", math=math_mode)
+    zeros = torch.zeros(2, 576, dtype=torch.bfloat16)
+    _, zero_scale = quantize_fp8_per_tensor(zeros, "e4m3fn", math=math_mode)
     assert codes.shape == (0, 576) and torch.equal(scale, zero_scale) and bool(torch.isfinite(scale).all())
     packed, block_scales, g = nvfp4_quantize(empty)
     assert packed.shape == (0, 288) and block_scales.shape == (0, 36) and float(g) == 1.0
