@@ -17,7 +17,9 @@ output plus its natural-log LSE at partial row ``partial_qo_loc + (i - qo_start)
 Reduce (``_reduce_kernel``): for each reduce tile with >= 2 partials, ``o = Σ_i exp(L_i - M) O_i / Σ_i exp(L_i - M)``
 with ``M = max_i L_i`` (natural log), cast to the output dtype; tiles with one partial are skipped (the
 stage-1 work already wrote the output), exactly aiter's ``mla_reduce_v1`` contract. The partials are read (P, H, DV) as the
-portable stage 1 writes them, or (P, DV, H) (``HEAD_MINOR``) as the sm_90 one does.
+portable stage 1 writes them, or (P, DV, H) (``HEAD_MINOR``) as the sm_90 one does; in fp32 (dequantised), or in
+fp16 holding the output in units of the KV's fp8 codes (the sm_90 stage 1 with ``hopper_partial_fp16``: half the
+bytes), in which case the merged output is multiplied by the KV's scale.
 
 Precision variants (the dtype of q and of the KV buffer decide; scales are per tensor):
 
@@ -63,7 +65,12 @@ try:  # programmatic dependent launch (sm_90+): the reduce waits for stage 1's w
 except ImportError:  # a Triton without it: the reduce is then launched plainly (USE_PDL False)
     gdc_wait = gdc_launch_dependents = None
 
-__all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET"]
+__all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET", "HEAD_MINOR_COLUMN"]
+
+#: Head-minor partials (the sm_90 stage 1's, (rows, 512, 16)) keep head ``h`` at column ``HEAD_MINOR_COLUMN[h]``
+#: (h = 8j + 2i + b -> 4i + 2j + b): the 4 heads that one thread of the wgmma accumulator holds side by side, so stage
+#: 1 writes them with one vector store (`gluon_hopper_vreg._store_partial_head_minor`).
+HEAD_MINOR_COLUMN = tuple(4 * ((h >> 1) & 3) + 2 * (h >> 3) + (h & 1) for h in range(16))
 
 #: True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``): the interpreter computes bf16
 #: ``tl.dot`` wrongly (see research/triton_interpreter.md), so the launcher upcasts bf16 dots to fp32 there.
@@ -443,8 +450,11 @@ def _stage1_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    PART_O,  # fp32 partial outputs: (P, H, DV), or (P, DV, H) with HEAD_MINOR (the sm_90 stage 1's layout)
+    PART_O,  # partial outputs: (P, H, DV), or (P, DV, H) with HEAD_MINOR (the sm_90 stage 1's layout, heads in the
+    # column order HEAD_MINOR_COLUMN); fp32, or
+    # fp16 in units of the KV's fp8 codes (the sm_90 stage 1's ``hopper_partial_fp16``): the merge is scaled by PART_SCALE
     PART_LSE,  # (P, H) fp32
+    PART_SCALE,  # (1,) fp32: the KV's dequantisation scale, applied to the merged output when PART_O is fp16
     REDUCE_INDPTR,  # (T + 1,) int32
     REDUCE_FINAL_MAP,  # (T, 2) int32: q rows [q_start, q_end) of tile t
     REDUCE_PARTIAL_MAP,  # (P_tiles,) int32: first partial row of each partial
@@ -474,12 +484,15 @@ def _reduce_kernel(
     q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
     offs_p = tl.arange(0, BLOCK_P)
     offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    offs_h = tl.arange(0, H)
-    # element (d, h) of one partial row: where the chosen layout keeps it
-    if HEAD_MINOR:
-        offs_dh = offs_d[:, None] * H + offs_h[None, :]
+    offs_c = tl.arange(0, H)  # a column of the partials' head axis
+    # element (d, column c) of one partial row: where the chosen layout keeps it, and the head of each column
+    if HEAD_MINOR:  # (the sm_90 stage 1 stores head 8j + 2i + b at column 4i + 2j + b: HEAD_MINOR_COLUMN)
+        tl.static_assert(H == 16, "the head-minor column order is written for 16 heads")
+        offs_h = ((offs_c >> 2) << 1) | (offs_c & 1) | (((offs_c >> 1) & 1) << 3)
+        offs_dh = offs_d[:, None] * H + offs_c[None, :]
     else:
-        offs_dh = offs_h[None, :] * DV + offs_d[:, None]
+        offs_h = offs_c
+        offs_dh = offs_c[None, :] * DV + offs_d[:, None]
     pm0 = offs_p < n
     prow0 = tl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm0, other=0)  # first block's partial rows (q row 0)
     if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
@@ -497,7 +510,10 @@ def _reduce_kernel(
             m, acc, wsum = _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H, DV)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         w_safe = tl.where(wsum > 0.0, wsum, 1.0)
-        o = (acc / w_safe[None, :]).to(OUT.dtype.element_ty)
+        o = acc / w_safe[None, :]
+        if PART_O.dtype.element_ty == tl.float16:  # partials in fp8 code units: dequantise the merged output once
+            o = o * tl.load(PART_SCALE)
+        o = o.to(OUT.dtype.element_ty)
         tl.store(OUT + r * stride_ot + offs_h[None, :] * stride_oh + offs_d[:, None], o)
         if tl.program_id(1) == 0:
             tl.store(OUT_LSE + r * H + offs_h, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
@@ -510,6 +526,7 @@ def _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H: t
     partials are all empty (-inf) keeps m = -inf and exactly 0 in acc and wsum."""
     lp = tl.load(PART_LSE + prow[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"))  # (P, H)
     o_p = tl.load(PART_O + prow[:, None, None] * (H * DV) + offs_dh[None, :, :], mask=pm[:, None, None], other=0.0)
+    o_p = o_p.to(tl.float32)  # (fp16 partials: the merge is fp32)
     m_new = tl.maximum(m, tl.max(lp, 0))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     corr = tl.exp(m - m_safe)  # 0 while m is -inf
