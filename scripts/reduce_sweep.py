@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -25,13 +26,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="CSV of every (shape, warps, block_dv) timed")
     ap.add_argument("--warps", default="1,2,4", help="warps per reduce program to try, e.g. 1,2,4,8,16")
+    ap.add_argument("--knobs", default="{}", help='KernelConfig fields as JSON, e.g. {"hopper_partial_fp16": true}')
     a = ap.parse_args()
+    knobs = json.loads(a.knobs)
     rows = []
     for B, L in SHAPES:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
         kv_bytes = B * L * MLA.qk_dim
         n = rotation_copies(kv_bytes)
-        call, info = make_callable(x, precision="a8w8", n_copies=n)
+        call, info = make_callable(x, precision="a8w8", n_copies=n, **knobs)
         dec = info["decoder"]
         if not dec.split_tiles.numel():
             continue
@@ -48,7 +51,8 @@ def main() -> None:
                 us = time_callable(call, n)["us_median"]
                 rows.append({"B": B, "L": L, "block_p": bp, "warps": warps, "block_dv": bdv,
                              "floats_per_thread": per_thread, "full_us": round(us, 2), "max_diff_vs_default": diff,
-                             "default": (warps, bdv) == default})  # fmt: skip
+                             "default": (warps, bdv) == default,
+                             "knobs": json.dumps(knobs, sort_keys=True)})  # fmt: skip
                 print(rows[-1], flush=True)
         dec.reduce_warps, dec.reduce_block_dv = default
         del x

@@ -523,6 +523,9 @@ class TritonDecoder:
         key = (q.data_ptr(), kv.data_ptr())
         descs = self._descs.get(key)
         if descs is None:  # one set of TMA descriptors per (q, kv) buffer pair, e.g. per rotated KV copy
+            if kv.shape[0] == 0:  # every request empty: no tile is read, but a TMA descriptor needs a non-empty box
+                kv = torch.zeros((self.G.BLOCK_N, kv.shape[-1]), dtype=kv.dtype, device=kv.device)
+                self._empty_kv = kv  # (kept alive with its descriptor)
             descs = self.G.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads)
             self._descs[key] = descs
         p, c = self.p, self.config
