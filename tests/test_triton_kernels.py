@@ -379,8 +379,9 @@ _REDUCE = textwrap.dedent(
         stored = (stored / kv_scale).half()
         back = stored[:, :, col].transpose(1, 2) if head_minor else stored
         part_o = back.double() * kv_scale.double()  # what was stored, dequantised
-    K.reduce_kernel[(2, DV // 16)](stored, part_lse, kv_scale, indptr, final_map, pmap, split, out, lse,
-                                   out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_DV=16, BLOCK_P=32,
+    stored_lse = part_lse[:, head_of_col].contiguous() if head_minor else part_lse  # (the same column order)
+    K.reduce_kernel[(2, H * DV // 256)](stored, stored_lse, kv_scale, indptr, final_map, pmap, split, out, lse,
+                                   out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_F=256, BLOCK_P=32,
                                    HEAD_MINOR=head_minor, USE_PDL=False, CHAIN=False, num_warps=4)
     ref_o, ref_l = torch.zeros(3, H, DV, dtype=torch.float64), torch.full((3, H), float("-inf"), dtype=torch.float64)
     for t, (c, r) in enumerate(zip(counts, rows)):

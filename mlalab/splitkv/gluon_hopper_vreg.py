@@ -163,7 +163,7 @@ def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, pa
 def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.constexpr, D_NOPE: gl.constexpr,
                               NQ: gl.constexpr):  # fmt: skip
     """A partial (fp32 or fp16: PART_O's type) stored head-minor, straight from the wgmma accumulator (no layout
-    conversion, no shared-memory round trip): rows ``base .. base + NQ`` of PART_LSE, and head n of value dim d at
+    conversion, no shared-memory round trip): head n's LSE at ``PART_LSE[base + c(n)]`` and its value dim d at
     ``PART_O[base·D_NOPE + d·NQ + c(n)]`` ((rows, 512, 16), what the reduce reads with ``HEAD_MINOR``). The
     accumulator gives each thread heads 2i, 2i+1, 8+2i, 8+2i+1 of a row; the column order c(n) (n = 8j + 2i + b ->
     4i + 2j + b, `triton_decode.HEAD_MINOR_COLUMN`) puts those 4 side by side, so each thread writes one 16-byte (fp32)
@@ -180,4 +180,6 @@ def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.const
         d = d | (((offs_m >> i) & 1) << ROW_BITS[i])
     offs_c = gl.arange(0, NQ, layout=gl.SliceLayout(0, L))
     gl.store(PART_O + base * D_NOPE + d[:, None] * NQ + offs_c[None, :], o.to(PART_O.dtype.element_ty))
-    gl.store(PART_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)
+    # the LSE of head n at column c(n) too: the reduce reads each element's LSE from its own column
+    n = gl.arange(0, NQ, layout=lse.type.layout)
+    gl.store(PART_LSE + base + (((n >> 1) & 3) << 2) + ((n >> 3) << 1) + (n & 1), lse)

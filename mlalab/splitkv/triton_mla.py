@@ -423,13 +423,13 @@ class TritonDecoder:
         self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
         self.n_cu = int(plan.work_indptr.numel() - 1)
         self.n_tiles = int(plan.reduce_indptr.numel() - 1)
-        # partials read per block load in the reduce: all of a tile's, up to 32. Each program merges a value slice
-        # of BLOCK_DV dims x 16 heads: one warp of 32-64 fp32 per thread when a tile has >= 16 partials, else two
-        # warps of 16 (scripts/reduce_sweep.py, H200: 4 x 1024 took 6.7 us this way against 8.8 with 4 warps of 64)
+        # partials read per block load in the reduce: all of a tile's, up to 32. Each program merges BLOCK_F consecutive
+        # elements of a partial row, each thread `reduce_vec` of them for every partial of the block (in registers)
         counts = (plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).cpu()
         self.reduce_block_p = min(32, triton.next_power_of_2(max(2, int(counts.max()) if self.n_tiles else 1)))
-        self.reduce_block_dv = max(4, 64 // self.reduce_block_p)
-        self.reduce_warps = 1 if self.reduce_block_p >= 16 else 2
+        self.reduce_warps = 1
+        self.reduce_vec = max(1, min(4, 32 // self.reduce_block_p))
+        self.reduce_block_f = self.reduce_vec * 32 * self.reduce_warps
         #: the reduce tiles with >= 2 partials: the reduce's grid (none: no reduce launch at all)
         self.split_tiles = torch.nonzero(counts >= 2).flatten().to(device=dev, dtype=torch.int32)
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
@@ -475,14 +475,19 @@ class TritonDecoder:
         self._reduce()
         return self.out, self.lse
 
+    @property
+    def reduce_grid(self) -> tuple[int, int]:
+        """The reduce's launch grid: (split tiles, slices of `reduce_block_f` elements of a partial row)."""
+        return (int(self.split_tiles.numel()), MLA.num_heads * MLA.v_dim // self.reduce_block_f)
+
     def _reduce(self) -> None:
         plan, H, DV = self.plan, MLA.num_heads, MLA.v_dim
         if self.split_tiles.numel():
             pdl = {"launch_pdl": True} if self.use_pdl else {}
-            self.K.reduce_kernel[(self.split_tiles.numel(), DV // self.reduce_block_dv)](
-                self.part_o, self.part_lse, self.p.kv_scale, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
-                self.split_tiles, self.out, self.lse, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, BLOCK_DV=self.reduce_block_dv, BLOCK_P=self.reduce_block_p, HEAD_MINOR=self.part_head_minor,
+            self.K.reduce_kernel[self.reduce_grid](
+                self.part_o, self.part_lse, self.p.kv_scale, plan.reduce_indptr, plan.reduce_final_map,
+                plan.reduce_partial_map, self.split_tiles, self.out, self.lse, self.out.stride(0), self.out.stride(1),
+                H=H, DV=DV, BLOCK_F=self.reduce_block_f, BLOCK_P=self.reduce_block_p, HEAD_MINOR=self.part_head_minor,
                 USE_PDL=self.use_pdl, CHAIN=self.pdl_chain, num_warps=self.reduce_warps, **pdl,
             )  # fmt: skip
 
