@@ -44,8 +44,6 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # (`gluon_hopper._across_warps`): compare v2mx with v2q (both q first), v1mx with v1 (both q last)
     "v2mx": (1, dict(hopper_variant="v-regs", hopper_warp_exchange=True)),
     "v1mx": (1, dict(hopper_variant="vt-smem", hopper_warp_exchange=True, hopper_q_first=False)),  # (beside v1)
-    # the split works' partials in fp16 (fp8-code units) instead of fp32: compare v2h with v2q
-    "v2h": (1, dict(hopper_variant="v-regs", hopper_partial_fp16=True)),
 }
 
 

@@ -41,7 +41,7 @@ def probe(B: int, L: int) -> dict | None:
     if not dec.split_tiles.numel():
         return None
     copies = info["kv_copies"]  # the ones `call` rotates through
-    grid = dec.reduce_grid
+    grid = (dec.split_tiles.numel(), MLA.v_dim // dec.reduce_block_dv)
     sink = torch.zeros(1, device="cuda")
 
     def s1(i: int) -> None:

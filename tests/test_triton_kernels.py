@@ -368,20 +368,9 @@ _REDUCE = textwrap.dedent(
     out = torch.full((3, H, DV), 7.0)
     lse = torch.full((3, H), 7.0)
     head_minor = {head_minor}
-    col = list(K.HEAD_MINOR_COLUMN)  # head h at column col[h] (a permutation: check it is one)
-    assert sorted(col) == list(range(H))
-    head_of_col = [col.index(c) for c in range(H)]
-    # (P, DV, H) with the heads in column order: the sm_90 stage 1's layout
-    stored = part_o.transpose(1, 2)[:, :, head_of_col].contiguous() if head_minor else part_o
-    kv_scale = torch.tensor([{kv_scale}])
-    exact_o = part_o
-    if {fp16}:  # fp16 partials in units of the fp8 codes (sm_90 hopper_partial_fp16): the reduce applies kv_scale
-        stored = (stored / kv_scale).half()
-        back = stored[:, :, col].transpose(1, 2) if head_minor else stored
-        part_o = back.double() * kv_scale.double()  # what was stored, dequantised
-    stored_lse = part_lse[:, head_of_col].contiguous() if head_minor else part_lse  # (the same column order)
-    K.reduce_kernel[(2, H * DV // 256)](stored, stored_lse, kv_scale, indptr, final_map, pmap, split, out, lse,
-                                   out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_F=256, BLOCK_P=32,
+    stored = part_o.transpose(1, 2).contiguous() if head_minor else part_o  # (P, DV, H): the sm_90 stage 1's
+    K.reduce_kernel[(2, DV // 16)](stored, part_lse, indptr, final_map, pmap, split, out, lse,
+                                   out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_DV=16, BLOCK_P=32,
                                    HEAD_MINOR=head_minor, USE_PDL=False, CHAIN=False, num_warps=4)
     ref_o, ref_l = torch.zeros(3, H, DV, dtype=torch.float64), torch.full((3, H), float("-inf"), dtype=torch.float64)
     for t, (c, r) in enumerate(zip(counts, rows)):
@@ -395,14 +384,6 @@ _REDUCE = textwrap.dedent(
                 ref_o[q] = (w[:, :, None] * part_o[first + u].double()).sum(0)
                 ref_l[q] = tot
     e = float((out[:2].double() - ref_o[:2]).norm() / ref_o[:2].norm())
-    if {fp16}:  # the fp16 storage itself: rounding 2^-11 relative, so well within 1e-3 of the exact partials' merge
-        ref_exact = torch.zeros(2, H, DV, dtype=torch.float64)
-        for u in range(2):
-            L = part_lse[torch.tensor(part_first[:40]) + u].double()
-            w = torch.exp(L - torch.logsumexp(L, 0))
-            ref_exact[u] = (w[:, :, None] * exact_o[torch.tensor(part_first[:40]) + u].double()).sum(0)
-        e16 = float((out[:2].double() - ref_exact).norm() / ref_exact.norm())
-        assert 1e-6 < e16 < 1e-3, e16
     assert torch.equal(out[2], torch.zeros(H, DV)), "all-empty tile must give 0"
     assert torch.isinf(lse[2]).all() and (lse[2] < 0).all()
     assert torch.allclose(lse[:2].double(), ref_l[:2], atol=1e-5, rtol=0), (lse[:2] - ref_l[:2]).abs().max()
@@ -411,14 +392,12 @@ _REDUCE = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("head_minor", "fp16"), [(False, False), (True, False), (True, True)],
-                         ids=["head-major", "head-minor", "head-minor-fp16"])  # fmt: skip
-def test_interpreter_reduce_many_partials_and_empty_ones(head_minor: bool, fp16: bool) -> None:
-    """The reduce alone, for both partial layouts (portable stage 1: (P, H, DV); sm_90: (P, DV, H)) and the sm_90's
-    fp16 partials in fp8-code units (scaled by the KV scale in the merge): >32 partials (two block loads merged
-    online), -inf partials, a 2-row tile, an all-empty tile; vs a float64 logsumexp merge of what was stored."""
+@pytest.mark.parametrize("head_minor", [False, True], ids=["head-major", "head-minor"])
+def test_interpreter_reduce_many_partials_and_empty_ones(head_minor: bool) -> None:
+    """The reduce alone, for both partial layouts (portable stage 1: (P, H, DV); sm_90: (P, DV, H)): >32 partials
+    (two block loads merged online), -inf partials, a 2-row tile, an all-empty tile; vs a float64 logsumexp merge."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    code = _REDUCE.format(root=ROOT, head_minor=head_minor, fp16=fp16, kv_scale=0.0371 if fp16 else 1.0)
+    code = _REDUCE.format(root=ROOT, head_minor=head_minor)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     err = float(r.stdout.strip().splitlines()[-1].split()[1])

@@ -72,7 +72,6 @@ from .gluon_hopper_vreg import (
     VT_ROW_BITS,
     _normaliser,
     _p_operand,
-    _partial_scale,
     _pv_operand,
     _store_partial_head_minor,
     _store_work_vregs,
@@ -207,10 +206,10 @@ def _store_vt(v_t, vt, REPORT: gl.constexpr):
 @gluon.jit
 def _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                    H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
-    """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or partial + LSE (`_partial_scale`)."""
-    lse, inv_l = _normaliser(m_i, l_sum)  # an empty work (0 tokens): output 0, LSE -inf
+    """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
+    lse, scale = _normaliser(m_i, l_sum, v_scale)  # an empty work (0 tokens): output 0, LSE -inf
+    o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
-        o = o * (inv_l * v_scale)[None, :]
         # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows
         # [128·c, 128·c + 128) are dims [128·c, 128·c + 128) for each chunk c (register bits: split is free)
         o_nat = o.reshape([4, 8, 2, 8, NQ]).permute([0, 3, 2, 1, 4]).reshape([4, 128, NQ]).permute([1, 2, 0])
@@ -219,8 +218,7 @@ def _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, parti
         o1, o3 = gl.split(odd)
         n_valid = H  # one q row of 16 heads per work (NQ == H): every column is valid
         _store_rows(o0, o1, o2, o3, lse, OUT, OUT_LSE, qo_start.to(gl.int64) * H, n_valid, D_NOPE, NQ)
-    else:  # one split of it: the partial at the plan's partial row, head-minor, straight from the accumulator
-        o = o * (inv_l * _partial_scale(v_scale, PART_O))[None, :]
+    else:  # one split of it: fp32 partial at the plan's partial row, head-minor, straight from the accumulator
         _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, VT_ROW_BITS, D_NOPE, NQ)
 
 

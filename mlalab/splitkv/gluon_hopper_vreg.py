@@ -58,17 +58,6 @@ _O_STORE = gl.DistributedLinearLayout(
     shape=[512, 16],
 )
 
-#: A partial's Oᵀ (row m, column c) with the heads in the stored column order c (`_store_partial_head_minor`): the
-#: accumulator's lanes and warps, its registers ordered so each thread's 4 columns come first (one vector store per
-#: row). A register renaming of the accumulator after the column relabelling.
-_PART_STORE = gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [8, 0], [64, 0], [128, 0], [256, 0]],
-    lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]],
-    block_bases=[],
-    shape=[512, 16],
-)
-
 #: Row m of the Oᵀ accumulator holds value dim d: bit i of m is bit ``ROW_BITS[i]`` of d (the π of each path, as the
 #: epilogues' register relabellings undo it): v-regs (`_pv_operand`) and vt-smem (bits 0-2 and 4-6 swapped,
 #: `gluon_hopper._load_v`). `tests/test_hopper_kernel.py` checks both against those relabellings.
@@ -90,27 +79,14 @@ def _rcp_approx(x):
 
 
 @gluon.jit
-def _normaliser(m_i, l):
-    """A work's softmax sum per head `l` (reduced once from the per-thread running sums), as (LSE in natural log, 1/l,
-    the factor that normalises Oᵀ's columns before the scales). ``l >= 1`` whenever the work has a token (its maximum
-    contributes exp2(0)), so the SFU's flush-to-zero never applies; an empty work (0 tokens) gets LSE -inf and
-    factor 1 (Oᵀ is 0)."""
+def _normaliser(m_i, l, v_scale):
+    """A work's softmax sum per head `l` (reduced once from the per-thread running sums), as (LSE in natural log, the
+    factor that normalises Oᵀ's columns). ``l >= 1`` whenever the work has a token (its maximum contributes exp2(0)),
+    so the SFU's flush-to-zero never applies; an empty work (0 tokens) gets LSE -inf and factor v_scale (Oᵀ is 0)."""
     has = l > 0.0
     l_safe = gl.where(has, l, 1.0)
     lse = gl.where(has, (m_i + _lg2_approx(l_safe)) * 0.6931471805599453, float("-inf"))
-    return lse, _rcp_approx(l_safe)
-
-
-@gluon.jit
-def _partial_scale(v_scale, PART_O):
-    """The factor (besides 1/l) a partial is stored with: v_scale for fp32 partials (dequantised values); 1 for
-    fp16 ones, which hold the work's output in units of the KV's fp8 codes — a convex combination of codes (times at
-    most 1 + 2⁻⁴ where P was rounded to fp8 before the PV), so |o| < 480 always fits fp16, at a relative rounding
-    of 2⁻¹¹; the reduce multiplies the merged output by v_scale (`triton_decode._reduce_kernel`, ``PART_SCALE``)."""
-    if PART_O.dtype.element_ty == gl.float16:
-        return 1.0
-    else:
-        return v_scale
+    return lse, v_scale * _rcp_approx(l_safe)
 
 
 @gluon.jit
@@ -142,10 +118,10 @@ def _p_operand(p, fp8: gl.constexpr, NQ: gl.constexpr):
 @gluon.jit
 def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                 H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
-    """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or partial + LSE (`_partial_scale`)."""
-    lse, inv_l = _normaliser(m_i, l_sum)
+    """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
+    lse, scale = _normaliser(m_i, l_sum, v_scale)
+    o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
-        o = o * (inv_l * v_scale)[None, :]
         # row m of Oᵀ holds value dim π(m): relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E)
         o_nat = o.reshape([8, 4, 2, 4, 2, NQ]).permute([1, 4, 3, 0, 2, 5]).reshape([D_NOPE, NQ])
         ob = gl.convert_layout(o_nat, _O_STORE)
@@ -154,32 +130,23 @@ def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, pa
         base = qo_start.to(gl.int64) * H
         gl.store(OUT + (base + offs_n[None, :]) * D_NOPE + offs_d[:, None], ob.to(OUT.dtype.element_ty))
         gl.store(OUT_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)
-    else:  # one split of it: the partial at the plan's partial row, head-minor
-        o = o * (inv_l * _partial_scale(v_scale, PART_O))[None, :]
+    else:  # one split of it: fp32 partial at the plan's partial row, head-minor
         _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, VREGS_ROW_BITS, D_NOPE, NQ)
 
 
 @gluon.jit
 def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.constexpr, D_NOPE: gl.constexpr,
                               NQ: gl.constexpr):  # fmt: skip
-    """A partial (fp32 or fp16: PART_O's type) stored head-minor, straight from the wgmma accumulator (no layout
-    conversion, no shared-memory round trip): head n's LSE at ``PART_LSE[base + c(n)]`` and its value dim d at
-    ``PART_O[base·D_NOPE + d·NQ + c(n)]`` ((rows, 512, 16), what the reduce reads with ``HEAD_MINOR``). The
-    accumulator gives each thread heads 2i, 2i+1, 8+2i, 8+2i+1 of a row; the column order c(n) (n = 8j + 2i + b ->
-    4i + 2j + b, `triton_decode.HEAD_MINOR_COLUMN`) puts those 4 side by side, so each thread writes one 16-byte (fp32)
-    or 8-byte (fp16) store per row and a warp instruction fills whole 32-byte sectors. Row m goes to the value dim
-    whose bits `ROW_BITS` gives."""
-    gl.static_assert(NQ == 16, "the column order is written for the m64n16 accumulator")
-    # relabel the head axis (a permutation of register and lane bits: no data moves): n = (j, i, b) -> (i, j, b)
-    o = o.reshape([D_NOPE, 2, 4, 2]).permute([0, 2, 1, 3]).reshape([D_NOPE, NQ])
-    o = gl.convert_layout(o, _PART_STORE, assert_trivial=True)  # (registers renamed: each thread's columns first)
-    L: gl.constexpr = _PART_STORE
+    """An fp32 partial stored head-minor, rows ``base .. base + NQ`` of PART_LSE and element (d, n) of the partial
+    at ``PART_O[base·D_NOPE + d·NQ + n]`` ((rows, 512, 16), what the reduce reads with ``HEAD_MINOR``), straight
+    from the wgmma accumulator: a thread holds 2 adjacent heads of a row (one 8-byte store) and a warp instruction
+    fills 8 whole 32-byte sectors, so no layout conversion and no shared-memory round trip. Row m goes to the
+    value dim whose bits `ROW_BITS` gives."""
+    L: gl.constexpr = o.type.layout
     offs_m = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, L))
     d = gl.zeros_like(offs_m)
     for i in gl.static_range(9):
         d = d | (((offs_m >> i) & 1) << ROW_BITS[i])
-    offs_c = gl.arange(0, NQ, layout=gl.SliceLayout(0, L))
-    gl.store(PART_O + base * D_NOPE + d[:, None] * NQ + offs_c[None, :], o.to(PART_O.dtype.element_ty))
-    # the LSE of head n at column c(n) too: the reduce reads each element's LSE from its own column
-    n = gl.arange(0, NQ, layout=lse.type.layout)
-    gl.store(PART_LSE + base + (((n >> 1) & 3) << 2) + ((n >> 3) << 1) + (n & 1), lse)
+    offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, L))
+    gl.store(PART_O + base * D_NOPE + d[:, None] * NQ + offs_n[None, :], o)
+    gl.store(PART_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)

@@ -88,12 +88,11 @@ def compile_hopper(
     refill_after_pv: bool = True,
     q_first: bool = True,
     warp_exchange: bool = False,
-    partial_fp16: bool = False,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
-    ``WARP_XCHG``; ``partial_fp16``: fp16 partials, ``KernelConfig.hopper_partial_fp16``); see the module docstring."""
+    ``WARP_XCHG``); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -103,9 +102,7 @@ def compile_hopper(
         raise ValueError(f"variant must be 'vt-smem' or 'v-regs', got {variant!r}")
     if ablate not in (0, 1, 2) or isinstance(ablate, bool):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV), got {ablate!r}")
-    flags = (("refill_after_pv", refill_after_pv), ("q_first", q_first), ("warp_exchange", warp_exchange),
-             ("partial_fp16", partial_fp16))  # fmt: skip
-    for name, flag in flags:
+    for name, flag in (("refill_after_pv", refill_after_pv), ("q_first", q_first), ("warp_exchange", warp_exchange)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     from .triton_mla import HOPPER_INFO_COLS, HOPPER_MAX_STAGES
@@ -118,8 +115,7 @@ def compile_hopper(
     kv = torch.zeros(4096, 576, dtype=torch.float8_e4m3fn)
     i32 = lambda n: torch.zeros(n, dtype=torch.int32)
     out, lse = torch.zeros(4, 16, 512, dtype=torch.bfloat16), torch.zeros(4, 16)
-    po = torch.zeros(8, 512, 16, dtype=torch.float16 if partial_fp16 else torch.float32)
-    pl, one = torch.zeros(8, 16), torch.ones(1)
+    po, pl, one = torch.zeros(8, 16, 512), torch.zeros(8, 16), torch.ones(1)
     printed = io.StringIO()
     old_cache = os.environ.get("TRITON_CACHE_DIR")
     cache = tempfile.mkdtemp(prefix="mlalab-sm90-")  # a fresh cache: a cached kernel would skip static_print

@@ -17,9 +17,7 @@ output plus its natural-log LSE at partial row ``partial_qo_loc + (i - qo_start)
 Reduce (``_reduce_kernel``): for each reduce tile with >= 2 partials, ``o = Σ_i exp(L_i - M) O_i / Σ_i exp(L_i - M)``
 with ``M = max_i L_i`` (natural log), cast to the output dtype; tiles with one partial are skipped (the
 stage-1 work already wrote the output), exactly aiter's ``mla_reduce_v1`` contract. The partials are read (P, H, DV) as the
-portable stage 1 writes them, or (P, DV, H) (``HEAD_MINOR``) as the sm_90 one does; in fp32 (dequantised), or in
-fp16 holding the output in units of the KV's fp8 codes (the sm_90 stage 1 with ``hopper_partial_fp16``: half the
-bytes), in which case the merged output is multiplied by the KV's scale.
+portable stage 1 writes them, or (P, DV, H) (``HEAD_MINOR``) as the sm_90 one does.
 
 Precision variants (the dtype of q and of the KV buffer decide; scales are per tensor):
 
@@ -65,13 +63,7 @@ try:  # programmatic dependent launch (sm_90+): the reduce waits for stage 1's w
 except ImportError:  # a Triton without it: the reduce is then launched plainly (USE_PDL False)
     gdc_wait = gdc_launch_dependents = None
 
-__all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET", "HEAD_MINOR_COLUMN"]
-
-#: Head-minor partials (the sm_90 stage 1's, (rows, 512, 16)) keep head ``h`` at column ``HEAD_MINOR_COLUMN[h]``
-#: (h = 8j + 2i + b -> 4i + 2j + b), and its LSE at the same column of the partial's LSE row: the 4 heads that one
-#: thread of the wgmma accumulator holds side by side, so stage 1 writes them with one vector store
-#: (`gluon_hopper_vreg._store_partial_head_minor`).
-HEAD_MINOR_COLUMN = tuple(4 * ((h >> 1) & 3) + 2 * (h >> 3) + (h & 1) for h in range(16))
+__all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET"]
 
 #: True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``): the interpreter computes bf16
 #: ``tl.dot`` wrongly (see research/triton_interpreter.md), so the launcher upcasts bf16 dots to fp32 there.
@@ -451,11 +443,8 @@ def _stage1_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    PART_O,  # partial outputs, one row of H·DV per partial: (P, H, DV), or (P, DV, H) with HEAD_MINOR (the sm_90 stage
-    # 1's layout, heads in the column order HEAD_MINOR_COLUMN); fp32, or fp16 in units of the KV's fp8 codes (the sm_90
-    # stage 1's ``hopper_partial_fp16``), in which case the merged output is multiplied by PART_SCALE
-    PART_LSE,  # (P, H) fp32 natural-log LSE; with HEAD_MINOR in the same column order as PART_O's heads
-    PART_SCALE,  # (1,) fp32: the KV's dequantisation scale, applied to the merged output when PART_O is fp16
+    PART_O,  # fp32 partial outputs: (P, H, DV), or (P, DV, H) with HEAD_MINOR (the sm_90 stage 1's layout)
+    PART_LSE,  # (P, H) fp32
     REDUCE_INDPTR,  # (T + 1,) int32
     REDUCE_FINAL_MAP,  # (T, 2) int32: q rows [q_start, q_end) of tile t
     REDUCE_PARTIAL_MAP,  # (P_tiles,) int32: first partial row of each partial
@@ -466,18 +455,16 @@ def _reduce_kernel(
     stride_oh,
     H: tl.constexpr,
     DV: tl.constexpr,
-    BLOCK_F: tl.constexpr,  # elements of a partial row per program (a multiple of H, and of DV when head-major)
+    BLOCK_DV: tl.constexpr,
     BLOCK_P: tl.constexpr,
     HEAD_MINOR: tl.constexpr,
     USE_PDL: tl.constexpr,
     CHAIN: tl.constexpr,  # the next stage 1 is a programmatic dependent too: let it launch once we have waited
 ):
-    # Grid (split tiles, H·DV // BLOCK_F): a small batch has few tiles with many partials, so each (tile, slice of
-    # BLOCK_F consecutive elements of a partial row) is its own program, and it reads BLOCK_P partials' slices in ONE
-    # block load (their latencies overlap). The slice is flat and contiguous, so the threads spread along it and each
-    # thread keeps all BLOCK_P partials of its elements in registers: the merge over partials needs no shuffles.
-    # Every element carries its own LSE (loaded beside it; several elements share one, a cache hit). Tiles with one
-    # partial (stage 1 wrote their output) get no program at all: the host lists the split ones once per plan.
+    # Grid (split tiles, DV // BLOCK_DV): a small batch has few tiles with many partials, so each (tile, value
+    # slice) is its own program, all 16 heads together, and it reads BLOCK_P partials' slices in ONE block load
+    # (their latencies overlap; the sum over partials stays inside each thread's registers). Tiles with one partial
+    # (stage 1 wrote their output) get no program at all: the host lists the split ones once per plan.
     # Everything that comes from the plan (not from stage 1) is loaded BEFORE the PDL wait, so after it only one
     # round trip remains: each block's LSEs and partial outputs are loaded together and merged online.
     t = tl.load(SPLIT_TILES + tl.program_id(0))
@@ -486,16 +473,13 @@ def _reduce_kernel(
     q_start = tl.load(REDUCE_FINAL_MAP + 2 * t)
     q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
     offs_p = tl.arange(0, BLOCK_P)
-    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)  # element f of a partial row
-    if HEAD_MINOR:  # f = d·H + column c; head 8j + 2i + b sits at column 4i + 2j + b (HEAD_MINOR_COLUMN)
-        tl.static_assert(H == 16, "the head-minor column order is written for 16 heads")
-        lse_col = offs_f % H
-        head = ((lse_col >> 2) << 1) | (lse_col & 1) | (((lse_col >> 1) & 1) << 3)
-        dim = offs_f // H
-    else:  # f = h·DV + d
-        lse_col = offs_f // DV
-        head = lse_col
-        dim = offs_f % DV
+    offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    offs_h = tl.arange(0, H)
+    # element (d, h) of one partial row: where the chosen layout keeps it
+    if HEAD_MINOR:
+        offs_dh = offs_d[:, None] * H + offs_h[None, :]
+    else:
+        offs_dh = offs_h[None, :] * DV + offs_d[:, None]
     pm0 = offs_p < n
     prow0 = tl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm0, other=0)  # first block's partial rows (q row 0)
     if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
@@ -504,37 +488,33 @@ def _reduce_kernel(
             gdc_launch_dependents()
     for r in range(q_start, q_end):
         u = r - q_start
-        m, acc, wsum = _merge_block(PART_O, PART_LSE, (prow0 + u).to(tl.int64), pm0, offs_f, lse_col,
-                                    tl.full([BLOCK_F], float("-inf"), tl.float32), tl.zeros([BLOCK_F], tl.float32),
-                                    tl.zeros([BLOCK_F], tl.float32), H, DV)  # fmt: skip
+        m, acc, wsum = _merge_block(PART_O, PART_LSE, (prow0 + u).to(tl.int64), pm0, offs_h, offs_dh,
+                                    tl.full([H], float("-inf"), tl.float32), tl.zeros([BLOCK_DV, H], tl.float32),
+                                    tl.zeros([H], tl.float32), H, DV)  # fmt: skip
         for p0 in range(BLOCK_P, n, BLOCK_P):  # more than BLOCK_P partials: further blocks, same online merge
             pm = p0 + offs_p < n
             prow = (tl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pm, other=0) + u).to(tl.int64)
-            m, acc, wsum = _merge_block(PART_O, PART_LSE, prow, pm, offs_f, lse_col, m, acc, wsum, H, DV)
+            m, acc, wsum = _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H, DV)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         w_safe = tl.where(wsum > 0.0, wsum, 1.0)
-        o = acc / w_safe
-        if PART_O.dtype.element_ty == tl.float16:  # partials in fp8 code units: dequantise the merged output once
-            o = o * tl.load(PART_SCALE)
-        tl.store(OUT + r * stride_ot + head * stride_oh + dim, o.to(OUT.dtype.element_ty))
-        # each head's LSE once: from its element of value dim 0
-        lse = tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf"))
-        tl.store(OUT_LSE + r * H + head, lse, mask=dim == 0)
+        o = (acc / w_safe[None, :]).to(OUT.dtype.element_ty)
+        tl.store(OUT + r * stride_ot + offs_h[None, :] * stride_oh + offs_d[:, None], o)
+        if tl.program_id(1) == 0:
+            tl.store(OUT_LSE + r * H + offs_h, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
 
 
 @triton.jit
-def _merge_block(PART_O, PART_LSE, prow, pm, offs_f, lse_col, m, acc, wsum, H: tl.constexpr, DV: tl.constexpr):
-    """Fold one block of partials (rows `prow`, valid where `pm`) into the running per-element state (max LSE m,
-    Σ w·o, Σ w), with the weights exp(L_i - m) <= 1 (no overflow). An element whose partials are all empty (-inf)
-    keeps m = -inf and exactly 0 in acc and wsum."""
-    lp = tl.load(PART_LSE + prow[:, None] * H + lse_col[None, :], mask=pm[:, None], other=float("-inf"))  # (P, F)
-    o_p = tl.load(PART_O + prow[:, None] * (H * DV) + offs_f[None, :], mask=pm[:, None], other=0.0)
-    o_p = o_p.to(tl.float32)  # (fp16 partials: the merge is fp32)
+def _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H: tl.constexpr, DV: tl.constexpr):
+    """Fold one block of partials (rows `prow`, valid where `pm`) into the running per-head state (max LSE m,
+    Σ w·o over a (BLOCK_DV, H) slice, Σ w), with the weights exp(L_i - m) <= 1 (no overflow). A head whose
+    partials are all empty (-inf) keeps m = -inf and exactly 0 in acc and wsum."""
+    lp = tl.load(PART_LSE + prow[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"))  # (P, H)
+    o_p = tl.load(PART_O + prow[:, None, None] * (H * DV) + offs_dh[None, :, :], mask=pm[:, None, None], other=0.0)
     m_new = tl.maximum(m, tl.max(lp, 0))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     corr = tl.exp(m - m_safe)  # 0 while m is -inf
-    wgt = tl.where(pm[:, None], tl.exp(lp - m_safe[None, :]), 0.0)  # (P, F)
-    acc = acc * corr + tl.sum(wgt * o_p, 0)
+    wgt = tl.where(pm[:, None], tl.exp(lp - m_safe[None, :]), 0.0)  # (P, H)
+    acc = acc * corr[None, :] + tl.sum(wgt[:, None, :] * o_p, 0)
     wsum = wsum * corr + tl.sum(wgt, 0)
     return m_new, acc, wsum
 

@@ -189,10 +189,7 @@ class KernelConfig:
     in one A/B, data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). ``hopper_warp_exchange`` (hopper): each tile's
     score maximum and each work's softmax sum across the 4 warps with one shared-memory exchange and one barrier
     (`gluon_hopper._across_warps`) instead of the two of Triton 3.6's reduction (3.9 already uses one); correct on the
-    H200 but no faster (21.48 vs 21.47 us geomean, data/profiles/h200_2026-12-03_ab_warp_exchange.csv), so off.
-    ``hopper_partial_fp16`` (hopper): the split works' partial outputs in fp16, in units of the KV's fp8 codes (|o| <
-    480, relative rounding 2⁻¹¹, far below fp8's 2⁻⁴ steps; the reduce applies the KV scale), instead of fp32: half
-    the bytes that stage 1 writes and the reduce reads back. ``hopper_stages``: the TMA ring's depth, 1 to
+    H200 but no faster (21.48 vs 21.47 us geomean, data/profiles/h200_2026-12-03_ab_warp_exchange.csv), so off. ``hopper_stages``: the TMA ring's depth, 1 to
     `HOPPER_MAX_STAGES` of the path. The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -212,7 +209,6 @@ class KernelConfig:
     hopper_refill_after_pv: bool = True
     hopper_q_first: bool = True
     hopper_warp_exchange: bool = False
-    hopper_partial_fp16: bool = False
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -416,20 +412,17 @@ class TritonDecoder:
         #: (the portable one head-major, (rows, 16, 512)); the reduce reads either
         self.part_head_minor = self.kernel == "hopper"
         shape = (n_part, MLA.v_dim, H) if self.part_head_minor else (n_part, H, MLA.v_dim)
-        fp16 = self.kernel == "hopper" and config.hopper_partial_fp16  # (the portable stage 1 stores fp32 only)
-        #: the partial outputs' dtype: fp32, or fp16 in units of the KV's fp8 codes (`gluon_hopper_vreg._partial_scale`)
-        self.part_dtype = torch.float16 if fp16 else torch.float32
-        self.part_o = torch.empty(shape, dtype=self.part_dtype, device=dev)
+        self.part_o = torch.empty(shape, dtype=torch.float32, device=dev)
         self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
         self.n_cu = int(plan.work_indptr.numel() - 1)
         self.n_tiles = int(plan.reduce_indptr.numel() - 1)
-        # partials read per block load in the reduce: all of a tile's, up to 32. Each program merges BLOCK_F consecutive
-        # elements of a partial row, each thread `reduce_vec` of them for every partial of the block (in registers)
+        # partials read per block load in the reduce: all of a tile's, up to 32. Each program merges a value slice
+        # of BLOCK_DV dims x 16 heads: one warp of 32-64 fp32 per thread when a tile has >= 16 partials, else two
+        # warps of 16 (scripts/reduce_sweep.py, H200: 4 x 1024 took 6.7 us this way against 8.8 with 4 warps of 64)
         counts = (plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).cpu()
         self.reduce_block_p = min(32, triton.next_power_of_2(max(2, int(counts.max()) if self.n_tiles else 1)))
-        self.reduce_warps = 1
-        self.reduce_vec = max(1, min(4, 32 // self.reduce_block_p))
-        self.reduce_block_f = self.reduce_vec * 32 * self.reduce_warps
+        self.reduce_block_dv = max(4, 64 // self.reduce_block_p)
+        self.reduce_warps = 1 if self.reduce_block_p >= 16 else 2
         #: the reduce tiles with >= 2 partials: the reduce's grid (none: no reduce launch at all)
         self.split_tiles = torch.nonzero(counts >= 2).flatten().to(device=dev, dtype=torch.int32)
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
@@ -475,19 +468,14 @@ class TritonDecoder:
         self._reduce()
         return self.out, self.lse
 
-    @property
-    def reduce_grid(self) -> tuple[int, int]:
-        """The reduce's launch grid: (split tiles, slices of `reduce_block_f` elements of a partial row)."""
-        return (int(self.split_tiles.numel()), MLA.num_heads * MLA.v_dim // self.reduce_block_f)
-
     def _reduce(self) -> None:
         plan, H, DV = self.plan, MLA.num_heads, MLA.v_dim
         if self.split_tiles.numel():
             pdl = {"launch_pdl": True} if self.use_pdl else {}
-            self.K.reduce_kernel[self.reduce_grid](
-                self.part_o, self.part_lse, self.p.kv_scale, plan.reduce_indptr, plan.reduce_final_map,
-                plan.reduce_partial_map, self.split_tiles, self.out, self.lse, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, BLOCK_F=self.reduce_block_f, BLOCK_P=self.reduce_block_p, HEAD_MINOR=self.part_head_minor,
+            self.K.reduce_kernel[(self.split_tiles.numel(), DV // self.reduce_block_dv)](
+                self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                self.split_tiles, self.out, self.lse, self.out.stride(0), self.out.stride(1),
+                H=H, DV=DV, BLOCK_DV=self.reduce_block_dv, BLOCK_P=self.reduce_block_p, HEAD_MINOR=self.part_head_minor,
                 USE_PDL=self.use_pdl, CHAIN=self.pdl_chain, num_warps=self.reduce_warps, **pdl,
             )  # fmt: skip
 
