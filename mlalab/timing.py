@@ -39,6 +39,8 @@ __all__ = [
     "time_callable",
     "rel_l2",
     "bench_one",
+    "fill_accuracy",
+    "ACCURACY_PENDING",
     "aiter_callable",
     "run_suite",
     "CSV_COLUMNS",
@@ -318,11 +320,20 @@ def parse_config(s: object) -> dict[str, Any]:
     return out
 
 
+#: `TimingRecord.status` of a row timed whose accuracy columns `fill_accuracy` has not filled yet
+ACCURACY_PENDING = "accuracy pending"
+
+
 def bench_one(
-    backend: str, x: Any, precision: str, *, planner: str = "-", copy_tbps: float, env: dict, refs: dict,
-    calls_per_graph: int = 20, replays: int = 10, **opts: Any,
+    backend: str, x: Any, precision: str, *, planner: str = "-", copy_tbps: float, env: dict, refs: dict | None,
+    calls_per_graph: int = 20, replays: int = 10, outputs: list | None = None, **opts: Any,
 ) -> TimingRecord:  # fmt: skip
-    """Time one backend on one prepared input set; failures are recorded in `status`, never raised."""
+    """Time one backend on one prepared input set; failures are recorded in `status`, never raised. With `refs` (a
+    per-input cache), the error columns are filled before the timing; with ``refs=None`` they are left to
+    `fill_accuracy`: the record gets status `ACCURACY_PENDING` and ``(record, output on the CPU)`` is appended to
+    `outputs` (so the fp32 references are computed away from the timed calls)."""
+    if refs is None and outputs is None:
+        raise ValueError("bench_one: give refs (errors now) or outputs (errors later, fill_accuracy)")
     from .backends import get_backend
 
     B, L = x.batch, int(x.kv_lens[0])
@@ -345,17 +356,44 @@ def bench_one(
                 rec.config = config_string(backend, opts, info["plan"], info["decoder"].ran)
         out = call(0).float()
         torch.cuda.synchronize()
-        exact, emul = _refs(x, precision, refs)
-        rec.err_vs_exact = rel_l2(out, exact)
-        rec.err_quant_emulated = rel_l2(emul.to(torch.bfloat16), exact)
-        rec.err_vs_emulated = rel_l2(out, emul)
+        if refs is not None:
+            _set_errors(rec, out, *_refs(x, precision, refs))
         t = time_callable(call, n_copies, calls_per_graph=calls_per_graph, replays=replays)
         rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
         rec.tbps = nbytes / (rec.us_median * 1e-6) / 1e12
         rec.pct_copy = 100.0 * rec.tbps / copy_tbps
+        if refs is None and outputs is not None:
+            rec.status = ACCURACY_PENDING
+            outputs.append((rec, out.cpu()))
     except Exception as e:  # record and continue: one failing peer must not lose the whole run
         rec.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     return rec
+
+
+def _set_errors(rec: TimingRecord, out: torch.Tensor, exact: torch.Tensor, emul: torch.Tensor) -> None:
+    rec.err_vs_exact = rel_l2(out, exact)
+    rec.err_quant_emulated = rel_l2(emul.to(torch.bfloat16), exact)
+    rec.err_vs_emulated = rel_l2(out, emul)
+
+
+def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log: Any = print) -> None:
+    """Fill the error columns of records timed with ``refs=None`` (`bench_one`, status `ACCURACY_PENDING`) from
+    their kept outputs, against references on `x` (the same inputs they were timed on); status becomes "ok". A
+    reference that fails leaves the errors NaN, says so in the log, and keeps the timing ("ok")."""
+    refs: dict = {}
+    for rec, out in pending:
+        if rec.status != ACCURACY_PENDING:
+            raise ValueError(f"fill_accuracy: {rec.backend} {rec.precision} B={rec.batch} L={rec.kv_len} has status "
+                             f"{rec.status!r}, not {ACCURACY_PENDING!r}")  # fmt: skip
+        if (x.batch, int(x.kv_lens[0])) != (rec.batch, rec.kv_len):
+            raise ValueError(f"fill_accuracy: record of B={rec.batch} L={rec.kv_len}, inputs of B={x.batch} "
+                             f"L={int(x.kv_lens[0])}")  # fmt: skip
+        try:
+            _set_errors(rec, out, *_refs(x, rec.precision, refs))
+        except Exception as e:  # noqa: BLE001 (the timing stays valid without its error columns)
+            what = f"{rec.backend} {rec.precision} B={rec.batch} L={rec.kv_len}"
+            log(f"accuracy of {what} failed: {type(e).__name__}: {e}")
+        rec.status = "ok"
 
 
 def aiter_callable(x: Any, precision: str, n_copies: int, **overrides: Any) -> Any:
@@ -453,7 +491,14 @@ def run_suite(
     out: str | os.PathLike[str] | None = None,
 ) -> list[TimingRecord]:
     """Time every backend x precision (x planner x kernel config for triton) on every shape of `suite`. With
-    `out`, the CSV is rewritten atomically after each shape, so a crash keeps every finished shape."""
+    `out`, the CSV is rewritten atomically after each shape, so a crash keeps every finished shape.
+
+    Two passes: first every timing, back to back, then the accuracy columns (fp32 references on the same inputs,
+    regenerated from their seed, against each record's kept output). The references are heavy at large shapes (the
+    whole KV in fp32, twice); computed between timings they left the next timed kernel in different conditions (the
+    a8w8 rows of 64 x 8192 and 128 x 8192, timed right after them, measured 158-167 us with IQRs up to 21 us in runs
+    4-10, where `scripts/hopper_ab.py`, which computes no references, measured 140-145 us for the same code). Rows
+    whose accuracy is not filled yet say `ACCURACY_PENDING` in `status`."""
     check_suite_args(suite, backends, precisions, planners, triton_configs, calls_per_graph, replays, out, shapes)
     env = gpu_info()
     bw = copy_bandwidth()
@@ -461,9 +506,10 @@ def run_suite(
     peers_prec = {"flashmla": ("bf16", "a8w8"), "flashinfer": ("bf16", "a16w8"), "reference-torch": ("bf16",),
                   "aiter": ("bf16", "a16w8", "a8w8")}  # fmt: skip
     recs: list[TimingRecord] = []
+    pending: dict[tuple[int, int], list] = {}  # shape -> [(record, output)] whose errors are filled in pass 2
     for B, L in shapes or SUITES[suite]:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
-        refs: dict = {}
+        kept = pending.setdefault((B, L), [])
         for be in backends:
             for prec in precisions:
                 if be != "triton" and prec not in peers_prec.get(be, ()):
@@ -471,9 +517,9 @@ def run_suite(
                 combos = [(pl, c) for pl in planners for c in triton_configs] if be == "triton" else [("-", {})]
                 for pl, c in combos:
                     if be == "reference-torch":
-                        rec = _bench_reference_torch(x, bw, env, refs, calls_per_graph, replays)
+                        rec = _bench_reference_torch(x, bw, env, kept, calls_per_graph, replays)
                     else:
-                        rec = bench_one(be, x, prec, planner=pl, copy_tbps=bw, env=env, refs=refs,
+                        rec = bench_one(be, x, prec, planner=pl, copy_tbps=bw, env=env, refs=None, outputs=kept,
                                         calls_per_graph=calls_per_graph, replays=replays, **c)  # fmt: skip
                     recs.append(rec)
                     short = ",".join(f"{k}={v}" for k, v in sorted(c.items())) if be == "triton" else rec.config
@@ -483,14 +529,26 @@ def run_suite(
                         f"{rec.tbps:5.2f} TB/s {rec.pct_copy:5.1f}% err {rec.err_vs_exact:.2e} "
                         f"(quant {rec.err_quant_emulated:.2e}, vs emul {rec.err_vs_emulated:.2e}) {rec.status}"
                     )
-        del x, refs
+        del x
         torch.cuda.empty_cache()
         if out is not None:
             write_csv(recs, out)
+    for (B, L), kept in pending.items():  # pass 2: the accuracy columns, once every timing is done
+        if kept:
+            x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")  # (the same seed: the inputs that were timed)
+            fill_accuracy(kept, x, log)
+            for rec, _ in kept:
+                log(f"{rec.backend:16s} {rec.planner:10s} {rec.precision:6s} B={B:4d} L={L:5d} "
+                    f"err {rec.err_vs_exact:.2e} (quant {rec.err_quant_emulated:.2e}, "
+                    f"vs emul {rec.err_vs_emulated:.2e})")  # fmt: skip
+            del x
+            torch.cuda.empty_cache()
+            if out is not None:
+                write_csv(recs, out)
     return recs
 
 
-def _bench_reference_torch(x: Any, bw: float, env: dict, refs: dict, cpg: int, reps: int) -> TimingRecord:
+def _bench_reference_torch(x: Any, bw: float, env: dict, outputs: list, cpg: int, reps: int) -> TimingRecord:
     B, L = x.batch, int(x.kv_lens[0])
     rec = TimingRecord("reference-torch", "-", "bf16", "bmm", B, L, copy_tbps=bw, env=env)
     rec.bytes = call_bytes(B, L, "bf16")
@@ -498,14 +556,13 @@ def _bench_reference_torch(x: Any, bw: float, env: dict, refs: dict, cpg: int, r
     try:
         n = rotation_copies(B * L * MLA.qk_dim * 2)
         call = reference_torch_callable(x, n)
-        exact, emul = _refs(x, "bf16", refs)
         out = call(0).float()
-        rec.err_vs_exact, rec.err_quant_emulated = rel_l2(out, exact), rel_l2(emul.to(torch.bfloat16), exact)
-        rec.err_vs_emulated = rel_l2(out, emul)
         t = time_callable(call, n, calls_per_graph=cpg, replays=reps)
         rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
         rec.tbps = rec.bytes / (rec.us_median * 1e-6) / 1e12
         rec.pct_copy = 100 * rec.tbps / bw
+        rec.status = ACCURACY_PENDING  # (errors: fill_accuracy, after every timing)
+        outputs.append((rec, out.cpu()))
     except Exception as e:
         rec.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     return rec

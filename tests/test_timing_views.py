@@ -200,6 +200,31 @@ def test_script_tables_are_written_atomically_with_every_column(tmp_path: Path) 
     assert len(pd.read_csv(p)) == 2  # the refused writes left the file alone
 
 
+def test_fill_accuracy_fills_the_deferred_error_columns_and_refuses_mismatches() -> None:
+    """The suite times first and computes the fp32 references afterwards (`fill_accuracy`): a record's errors come
+    from its kept output against references on the same inputs; an output equal to the exact reference has error 0
+    against it and the quantisation error against the a8w8 emulation. Wrong status or shape is refused."""
+    from mlalab.inputs import make_inputs
+    from mlalab.timing import ACCURACY_PENDING, TimingRecord, _refs, bench_one, fill_accuracy
+
+    x = make_inputs(DecodeCase.uniform(2, 96))
+    exact, emul = _refs(x, "a8w8", {})
+    rec = TimingRecord("triton", "simple", "a8w8", "{}", 2, 96, status=ACCURACY_PENDING)
+    noisy = TimingRecord("flashmla", "-", "a8w8", "", 2, 96, status=ACCURACY_PENDING)
+    fill_accuracy([(rec, exact.clone()), (noisy, emul.clone())], x)
+    assert rec.status == noisy.status == "ok"
+    # (the two differ only in the norm they divide by)
+    assert rec.err_vs_exact == 0.0 and rec.err_vs_emulated == pytest.approx(noisy.err_vs_exact, rel=0.05)
+    assert noisy.err_vs_emulated == 0.0 and 0.0 < rec.err_quant_emulated < 0.1  # fp8: a few % rel-L2
+    with pytest.raises(ValueError, match="has status 'ok', not 'accuracy pending'"):
+        fill_accuracy([(rec, exact)], x)
+    other = TimingRecord("triton", "simple", "a8w8", "{}", 4, 96, status=ACCURACY_PENDING)
+    with pytest.raises(ValueError, match="record of B=4 L=96, inputs of B=2 L=96"):
+        fill_accuracy([(other, exact)], x)
+    with pytest.raises(ValueError, match="give refs .* or outputs"):
+        bench_one("triton", x, "a8w8", copy_tbps=4.0, env={}, refs=None)
+
+
 @pytest.mark.gpu
 def test_suite_rewrites_the_csv_after_each_shape(tmp_path: Path) -> None:
     out = tmp_path / "s.csv"
@@ -211,6 +236,9 @@ def test_suite_rewrites_the_csv_after_each_shape(tmp_path: Path) -> None:
 
     recs = run_suite("smoke", backends=("reference-torch",), precisions=("bf16",), out=out, log=log, replays=3)
     assert seen and seen[0] == 1 and len(pd.read_csv(out)) == len(recs) == 2
+    # the accuracy pass filled every row's errors afterwards (the timings came first)
+    df = pd.read_csv(out)
+    assert (df["status"] == "ok").all() and df["err_vs_exact"].notna().all() and (df["err_vs_exact"] < 1e-2).all()
 
 
 def test_a8w8_only_run_is_shown_by_name_with_the_kernel_that_ran() -> None:
