@@ -50,6 +50,16 @@ VARIANTS: dict[str, tuple[int, dict]] = {
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
 
+def _refs_before(x, on: bool) -> None:  # noqa: ANN001
+    """With ``--refs-before``: the shape's fp32 references (exact and a8w8-emulated), as the bench computed them
+    right before its first timing of a shape up to session 8, then wait for them."""
+    if on:
+        from mlalab.timing import _refs
+
+        _refs(x, "a8w8", {})
+        torch.cuda.synchronize()
+
+
 def check(name: str, sms: int) -> bool:
     per_sm, knobs = VARIANTS[name]
     ok = True
@@ -94,6 +104,9 @@ def main() -> None:
     ap.add_argument("--peers", default="flashmla")
     ap.add_argument("--shapes", default=None, help="e.g. 4x1024,128x8192 (default: the 12 competition shapes)")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--refs-before", action="store_true",
+                    help="compute the fp32 references of the shape right before each timing (what the bench did up to "
+                         "session 8: does it slow the next timed kernel?)")  # fmt: skip
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     names = [v for v in a.variants.split(",") if v]
@@ -119,6 +132,7 @@ def main() -> None:
                 from mlalab.backends import get_backend
 
                 call, _ = get_backend(peer).make_callable(x, precision="a8w8", n_copies=n)
+                _refs_before(x, a.refs_before)
                 line[peer] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
                 print(f"{peer} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
@@ -129,6 +143,7 @@ def main() -> None:
                 slots = sms * per_sm
                 call, info = make_callable(x, precision="a8w8", n_copies=n, num_cus=slots, kernel="hopper", **knobs)
                 call(0)
+                _refs_before(x, a.refs_before)
                 line[name] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
                 print(f"{name} failed at {B}x{L}: {type(e).__name__}: {str(e)[:300]}", flush=True)
