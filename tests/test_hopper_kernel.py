@@ -106,8 +106,9 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
         "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES\n"
         "for v in ('vt-smem', 'v-regs'):\n"
         "  for st in range(1, HOPPER_MAX_STAGES[v] + 1):\n"
-        # (the default q first, 1 stage q last; 2 stages with the one-barrier exchanges across warps)
-        "    r = compile_hopper(st, variant=v, q_first=st != 1, warp_exchange=st == 2)\n"
+        # (the default q first, 1 stage q last; 2 stages with the one-barrier exchanges across warps; 3 with the
+        # merge of <= 4 splits in stage 1)
+        "    r = compile_hopper(st, variant=v, q_first=st != 1, warp_exchange=st == 2, merge_max=4 if st == 3 else 0)\n"
         "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
@@ -185,6 +186,38 @@ def test_cta_info_rows_and_variant_choice() -> None:
         TritonDecoder(p, plan, config=KernelConfig(kernel="portable", hopper_ablate="qk"))
 
 
+def test_merge_info_picks_small_one_row_splits_and_names_their_rows() -> None:
+    """`hopper_merge_splits`: the reduce tiles with 2..N partials (one q row, consecutive partial rows) are merged by
+    stage 1; every work of such a tile carries (slot, n, first partial row, q row); the others carry slot -1."""
+    from mlalab.splitkv.triton_mla import hopper_merge_info, merge_tiles
+
+    for lens, n_max, merged in [((1024,) * 64, 2, 64), ((8192,) * 32, 2, 0), ((8192,) * 32, 4, 32), ((1024,) * 4, 8, 0),
+                                ((1000,) * 40, 4, 40), ((0, 130, 5, 4096), 0, 0)]:  # fmt: skip
+        x = make_inputs(DecodeCase(kv_lens=lens, seed=1))
+        plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 132, block=64)
+        wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+        tiles = merge_tiles(plan, n_max)
+        info, slots = hopper_merge_info(plan, wi, n_max)
+        assert len(tiles) == slots == merged, (lens[:2], n_max)
+        indptr, pmap = plan.reduce_indptr.long(), plan.reduce_partial_map.long()
+        final = plan.reduce_final_map.long().reshape(-1, 2)
+        for slot, t in enumerate(tiles):
+            s, e = int(indptr[t]), int(indptr[t + 1])
+            works = [w for w in range(wi.shape[0]) if int(wi[w, 1]) in pmap[s:e].tolist()]
+            assert len(works) == e - s <= n_max  # one work per partial
+            for w in works:
+                assert info[w].tolist() == [slot, e - s, int(pmap[s]), int(final[t, 0])]
+        in_merged = {int(r) for t in tiles for r in pmap[int(indptr[t]) : int(indptr[t + 1])]}
+        for w in range(wi.shape[0]):
+            if int(wi[w, 1]) not in in_merged:
+                assert int(info[w, 0]) == -1
+    p = prepare(make_inputs(DecodeCase(kv_lens=(300, 200))), "a8w8")
+    plan = make_plan("simple", p.qo_indptr, p.kv_indptr, 8, block=64)
+    for bad in (1, 3, 8, True):
+        with pytest.raises(ValueError, match="hopper_merge_splits must be 0 \\(off\\), 2 or 4"):
+            TritonDecoder(p, plan, config=KernelConfig(hopper_merge_splits=bad))
+
+
 # --------------------------------------------------------------------------------------------- GPU
 def _poisoned_run(dec: TritonDecoder) -> tuple[torch.Tensor, torch.Tensor]:
     dec.out.fill_(float("nan"))
@@ -203,6 +236,9 @@ _CONFIGS = {
     # maxima and softmax sums across the warps with one barrier each (`gluon_hopper._across_warps`)
     "v-regs-warp-exchange": KernelConfig(hopper_variant="v-regs", hopper_warp_exchange=True),
     "vt-smem-warp-exchange": KernelConfig(hopper_variant="vt-smem", hopper_warp_exchange=True),
+    # requests split in <= 4 merged inside stage 1 by their last CTA (the others through the reduce)
+    "v-regs-merge-4": KernelConfig(hopper_variant="v-regs", hopper_merge_splits=4),
+    "vt-smem-merge-4": KernelConfig(hopper_variant="vt-smem", hopper_merge_splits=4),
 }
 
 
@@ -316,6 +352,33 @@ def test_gpu_rotated_kv_copies_and_stage_counts() -> None:
     b = dec(kv=other)[0].clone()
     c = dec()[0].clone()
     assert torch.equal(a, c) and not torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize(("lens", "n_max"), [((1024,) * 64, 2), ((8192,) * 32, 4), ((1000,) * 40, 4)])
+def test_gpu_merge_in_stage1_replaces_the_reduce(lens: tuple[int, ...], n_max: int) -> None:
+    """With every request split in <= n_max, stage 1 merges them all (no reduce launch): the output matches the
+    default decoder's (same numerics, merge order aside) and the fp64 reference, call after call (the arrival
+    counters are back at 0 after each call), and on rotated KV copies."""
+    from mlalab.backends.triton import build_plan
+
+    x = make_inputs(DecodeCase(kv_lens=lens, seed=21)).to("cuda")
+    p = prepare(x, "a8w8")
+    plan = build_plan(x, "simple", 132, block=64)
+    dec = TritonDecoder(p, plan, config=KernelConfig(hopper_merge_splits=n_max))
+    assert dec.merge_max > 0 and dec.split_tiles.numel() == 0 and dec.ran.endswith(f"+merge{n_max}")
+    base, base_lse = _poisoned_run(TritonDecoder(p, plan))
+    outs = [_poisoned_run(dec) for _ in range(3)]
+    assert int(dec.merge_counters.abs().sum()) == 0
+    for out, lse in outs:
+        assert _rel(out.cpu(), base.cpu().double()) <= 2e-3 and float((lse - base_lse).abs().max()) <= 1e-4
+        assert torch.equal(out, outs[0][0])
+    _check_against_reference(p, plan, config=KernelConfig(hopper_merge_splits=n_max))
+    other = p.kv.clone()
+    other[: other.shape[0] // 2] = p.kv[other.shape[0] // 2 : 2 * (other.shape[0] // 2)]
+    ref_b = TritonDecoder(p, plan)(kv=other)[0].clone()
+    assert _rel(dec(kv=other)[0].cpu(), ref_b.cpu().double()) <= 2e-3
 
 
 @pytest.mark.gpu

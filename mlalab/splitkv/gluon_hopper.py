@@ -245,6 +245,55 @@ def _store_chunk(o, DST, base, n_valid, d0: gl.constexpr, D_NOPE: gl.constexpr, 
     gl.store(ptr, o.to(DST.dtype.element_ty), mask=(offs_n < n_valid)[None, :] & (offs_d < 128)[:, None])
 
 
+#: The last-arriver merge (`_merge_request`): a (partials, 128 value dims, 16 heads) block of head-minor partials, every
+#: partial of an element in one thread (the merge is a register reduction), 4 heads of one dim per 16-byte load.
+_MERGE_IN: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [1, 4, 1], [2, 1, 0])
+#: ... and the merged (128 dims, 16 heads) chunk for the output's stores: 4 consecutive dims of one head per thread.
+_MERGE_OUT: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+
+
+@gluon.jit
+def _merge_request(PART_O, PART_LSE, OUT, OUT_LSE, p0, n, q_row, MP: gl.constexpr, H: gl.constexpr,
+                   D_NOPE: gl.constexpr):  # fmt: skip
+    """Merge the `n` (<= MP) head-minor fp32 partials at rows p0 .. p0 + n - 1 (one q row of H heads each) into the
+    final output row `q_row` and its LSE, as the reduce would (`triton_decode._reduce_kernel`). Called by the CTA
+    that stored the request's last partial, once every other partial is visible (`_stage1_kernel`, ``MERGE_MAX``):
+    the loads bypass L1 (``.cg``; another SM wrote them, and this SM's L1 may hold lines of an earlier call)."""
+    L2D: gl.constexpr = gl.SliceLayout(1, _MERGE_IN)  # (partial, head)
+    offs_p = gl.arange(0, MP, layout=gl.SliceLayout(1, L2D))
+    offs_h = gl.arange(0, H, layout=gl.SliceLayout(0, L2D))
+    pm = offs_p < n
+    rows = (p0 + offs_p).to(gl.int64)
+    lse = gl.load(PART_LSE + rows[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"),
+                  cache_modifier=".cg")  # fmt: skip
+    m = gl.max(lse, axis=0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    w = gl.exp(lse - m_safe[None, :])  # (an empty partial: -inf -> 0)
+    wsum = gl.sum(w, axis=0)
+    w_safe = gl.where(wsum > 0.0, wsum, 1.0)
+    w = w / w_safe[None, :]  # normalised weights: the merged output is sum_p w_p o_p
+    w3 = gl.expand_dims(w, 1)  # (MP, 1, H)
+    offs_d = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(2, _MERGE_IN)))
+    offs_h3 = gl.arange(0, H, layout=gl.SliceLayout(0, gl.SliceLayout(1, _MERGE_IN)))
+    offs_p3 = gl.arange(0, MP, layout=gl.SliceLayout(1, gl.SliceLayout(2, _MERGE_IN)))
+    rows3 = (p0 + offs_p3).to(gl.int64)
+    pm3 = (offs_p3 < n)[:, None, None]
+    od = gl.arange(0, 128, layout=gl.SliceLayout(1, _MERGE_OUT))
+    oh = gl.arange(0, H, layout=gl.SliceLayout(0, _MERGE_OUT))
+    out_row = OUT + q_row.to(gl.int64) * H * D_NOPE
+    for c in gl.static_range(D_NOPE // 128):
+        ptr = (
+            PART_O
+            + rows3[:, None, None] * (H * D_NOPE)
+            + (c * 128 + offs_d)[None, :, None] * H
+            + offs_h3[None, None, :]
+        )
+        o_p = gl.load(ptr, mask=pm3, other=0.0, cache_modifier=".cg")
+        o = gl.convert_layout(gl.sum(w3 * o_p, axis=0), _MERGE_OUT)  # (128 dims, H): dims contiguous per thread
+        gl.store(out_row + oh[None, :] * D_NOPE + (c * 128 + od)[:, None], o.to(OUT.dtype.element_ty))
+    gl.store(OUT_LSE + q_row.to(gl.int64) * H + offs_h, gl.where(wsum > 0.0, m_safe + gl.log(w_safe), float("-inf")))
+
+
 @gluon.jit
 def _stage1_kernel(
     qn_desc, qr_desc,  # TMA descriptors of q viewed as (total_q·16, 576) fp8: dims [0, 512) and [512, 576)
@@ -256,6 +305,8 @@ def _stage1_kernel(
     Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales
     sm_scale,
     TIMELINE_BUF,  # (n_cu, TIMELINE_COLS) int64 when TIMELINE, else any tensor (unused)
+    MERGE_INFO,  # (n_work, 4) int32 when MERGE_MAX: counter slot (-1: none), partials n, first partial row, q row
+    COUNTERS,  # (slots,) int32, zero between calls: arrivals of this call at each merged request
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     V_IN_REGS: gl.constexpr,  # the PV's Vᵀ from registers (gluon_hopper_vreg) instead of a Vᵀ buffer
@@ -267,6 +318,7 @@ def _stage1_kernel(
     Q_FIRST: gl.constexpr,  # the first work's q TMA before the ring's first tiles (else after them)
     WARP_XCHG: gl.constexpr,  # maxima / softmax sums across the 4 warps with one barrier each (`_across_warps`)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
+    MERGE_MAX: gl.constexpr,  # 0, or a power of two: requests split in <= MERGE_MAX merged here by their last CTA
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
@@ -463,6 +515,20 @@ def _stage1_kernel(
         if TIMELINE:  # noqa: SIM102
             if j < TIMELINE_MAX:
                 _stamp(tl_row, 8 + 3 * TIMELINE_MAX + j)
+        if MERGE_MAX > 0:  # noqa: SIM102
+            # A split of a request merged in stage 1 (no reduce for it): count this partial in; the CTA that stores
+            # the request's last partial merges them all. Nobody waits, so there is no deadlock whatever the order.
+            slot = gl.load(MERGE_INFO + w * 4)
+            if slot >= 0:
+                _cta_barrier()  # every warp's partial stores issued before the release below
+                gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                          pack=1)  # fmt: skip
+                n_parts = gl.load(MERGE_INFO + w * 4 + 1)
+                arrived = gl.atomic_add(COUNTERS + slot, 1, sem="acq_rel", scope="gpu")
+                if arrived == n_parts - 1:  # the last one: every other partial is visible from here
+                    gl.store(COUNTERS + slot, 0)  # (the next call counts from 0; it starts after this grid ends)
+                    _merge_request(PART_O, PART_LSE, OUT, OUT_LSE, gl.load(MERGE_INFO + w * 4 + 2), n_parts,
+                                   gl.load(MERGE_INFO + w * 4 + 3), MERGE_MAX, H, D_NOPE)  # fmt: skip
 
     if TIMELINE:
         _stamp(tl_row, 3)

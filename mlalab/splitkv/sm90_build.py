@@ -88,11 +88,12 @@ def compile_hopper(
     refill_after_pv: bool = True,
     q_first: bool = True,
     warp_exchange: bool = False,
+    merge_max: int = 0,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
-    ``WARP_XCHG``); see the module docstring."""
+    ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -106,6 +107,10 @@ def compile_hopper(
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     from .triton_mla import HOPPER_INFO_COLS, HOPPER_MAX_STAGES
+
+    # (8 compiles, with spills: the decoder takes <= 4)
+    if merge_max not in (0, 2, 4, 8) or isinstance(merge_max, bool):
+        raise ValueError(f"merge_max must be 0, 2, 4 or 8, got {merge_max!r}")
 
     if not 1 <= stages <= HOPPER_MAX_STAGES[variant]:
         raise ValueError(f"stages must be 1 to {HOPPER_MAX_STAGES[variant]} on the {variant} path, got {stages!r}")
@@ -125,11 +130,11 @@ def compile_hopper(
             plan_args = (i32(132 * HOPPER_INFO_COLS), i32(8 * 8), i32(64))  # CTA_INFO, WORK_INFO, TILE_ROWS
             ck = G.stage1_kernel.warmup(
                 *G.make_descriptors(q, kv, 16), *plan_args, out, lse, po, pl, one,
-                one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16,
+                one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16, NQ=16,
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
                 ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, WARP_XCHG=warp_exchange,
-                INFO_COLS=HOPPER_INFO_COLS, REPORT=True, num_warps=4, grid=(1,),
+                INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

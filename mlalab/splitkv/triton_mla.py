@@ -189,7 +189,12 @@ class KernelConfig:
     in one A/B, data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). ``hopper_warp_exchange`` (hopper): each tile's
     score maximum and each work's softmax sum across the 4 warps with one shared-memory exchange and one barrier
     (`gluon_hopper._across_warps`) instead of the two of Triton 3.6's reduction (3.9 already uses one); correct on the
-    H200 but no faster (21.48 vs 21.47 us geomean, data/profiles/h200_2026-12-03_ab_warp_exchange.csv), so off. ``hopper_stages``: the TMA ring's depth, 1 to
+    H200 but no faster (21.48 vs 21.47 us geomean, data/profiles/h200_2026-12-03_ab_warp_exchange.csv), so off.
+    ``hopper_merge_splits`` (hopper; 0 = off, 2 or 4): a request split in at most this many partials (one q row,
+    its partial rows consecutive) is merged inside stage 1 by the CTA that stores its last partial (an arrival
+    counter per request; nobody waits), so the reduce kernel runs only for the others, or not at all. **Not yet run
+    on a GPU** (2026-12-03): expected to pay off for 2-4 splits (batch 32-64), where the reduce's latency chain
+    (+2.4-3.4 us) is replaced by one fence, one atomic and one L2 round trip of 2-4 partials. ``hopper_stages``: the TMA ring's depth, 1 to
     `HOPPER_MAX_STAGES` of the path. The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -209,6 +214,7 @@ class KernelConfig:
     hopper_refill_after_pv: bool = True
     hopper_q_first: bool = True
     hopper_warp_exchange: bool = False
+    hopper_merge_splits: int = 0
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -312,6 +318,48 @@ HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5}
 HOPPER_INFO_COLS = 5 + max(HOPPER_MAX_STAGES.values())
 
 
+def merge_tiles(plan: WorkPlan, max_splits: int) -> list[int]:
+    """The reduce tiles that stage 1 can merge itself (`KernelConfig.hopper_merge_splits`): 2 to `max_splits`
+    partials, one q row, the partials' rows consecutive (so the merging CTA needs only the first)."""
+    if max_splits == 0:
+        return []
+    indptr = plan.reduce_indptr.to("cpu", torch.int64)
+    final = plan.reduce_final_map.to("cpu", torch.int64).reshape(-1, 2)
+    pmap = plan.reduce_partial_map.to("cpu", torch.int64)
+    out = []
+    for t in range(int(indptr.numel()) - 1):
+        s, e = int(indptr[t]), int(indptr[t + 1])
+        rows = pmap[s:e]
+        one_row = int(final[t, 1] - final[t, 0]) == 1
+        if 2 <= e - s <= max_splits and one_row and bool((rows == rows[0] + torch.arange(e - s)).all()):
+            out.append(t)
+    return out
+
+
+def hopper_merge_info(plan: WorkPlan, work_info: torch.Tensor, max_splits: int) -> tuple[torch.Tensor, int]:
+    """(MERGE_INFO (n_work, 4) int32: counter slot or -1, partials n, first partial row, q row; number of slots) of
+    the tiles `merge_tiles` picks: each work whose partial belongs to one of them gets its tile's slot."""
+    n_work = int(work_info.shape[0])
+    info = torch.full((max(1, n_work), 4), -1, dtype=torch.int32)
+    info[:, 1:] = 0
+    tiles = merge_tiles(plan, max_splits)
+    if not tiles:
+        return info, 0
+    indptr = plan.reduce_indptr.to("cpu", torch.int64)
+    final = plan.reduce_final_map.to("cpu", torch.int64).reshape(-1, 2)
+    pmap = plan.reduce_partial_map.to("cpu", torch.int64)
+    row_of = {}  # partial row -> (slot, n, first row, q row)
+    for slot, t in enumerate(tiles):
+        s, e = int(indptr[t]), int(indptr[t + 1])
+        for r in pmap[s:e].tolist():
+            row_of[r] = (slot, e - s, int(pmap[s]), int(final[t, 0]))
+    loc = work_info[:, 1].to(torch.int64).tolist()
+    for w, r in enumerate(loc):
+        if r >= 0 and r in row_of:
+            info[w] = torch.tensor(row_of[r], dtype=torch.int32)
+    return info, len(tiles)
+
+
 def hopper_cta_info(work_indptr: torch.Tensor, tile_indptr: torch.Tensor, tile_rows: torch.Tensor,
                     work_info: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """``(n_cu, HOPPER_INFO_COLS)`` int32 on the CPU, one row per CTA of the Hopper kernel, read in one round trip
@@ -375,6 +423,9 @@ class TritonDecoder:
                              f"got {config.hopper_ablate!r}")  # fmt: skip
         if config.kernel not in ("auto", "hopper", "portable"):
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
+        if config.hopper_merge_splits not in (0, 2, 4) or isinstance(config.hopper_merge_splits, bool):
+            raise ValueError(f"hopper_merge_splits must be 0 (off), 2 or 4 (8 partials spill registers), "
+                             f"got {config.hopper_merge_splits!r}")  # fmt: skip
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
@@ -395,6 +446,7 @@ class TritonDecoder:
                              f"run here ({why_not or 'kernel=' + repr(config.kernel)})")  # fmt: skip
         self.hopper_reason = why_not
         self.hopper_variant: str | None = None  # set below when the hopper kernel runs
+        self.merge_max = 0  # (hopper: partials of the largest request stage 1 merges itself, a power of two)
         dev = prepared.q.device
         if dev.type == "cpu" and not K.INTERPRET:
             raise RuntimeError("the Triton backend needs a GPU (or TRITON_INTERPRET=1 for tiny CPU runs)")
@@ -446,12 +498,25 @@ class TritonDecoder:
             self.tile_indptr, self.tile_rows = t_indptr.to(dev), t_rows.to(dev)
             self.cta_info = hopper_cta_info(plan.work_indptr, t_indptr, t_rows, self.work_info).to(dev)
             self._descs: dict[tuple[int, int], tuple] = {}
+            # requests merged inside stage 1 by their last CTA (`hopper_merge_splits`): their works' merge rows, one
+            # arrival counter each, and the reduce's grid without them
+            merge, slots = hopper_merge_info(plan, self.work_info, config.hopper_merge_splits)
+            self.merge_max = triton.next_power_of_2(int(merge[:, 1].max())) if slots else 0
+            self.merge_info = merge.to(dev)
+            self.merge_counters = torch.zeros(max(1, slots), dtype=torch.int32, device=dev)
+            if slots:
+                merged = torch.zeros(self.n_tiles, dtype=torch.bool)
+                merged[merge_tiles(plan, config.hopper_merge_splits)] = True
+                keep = (counts >= 2) & ~merged
+                self.split_tiles = torch.nonzero(keep).flatten().to(device=dev, dtype=torch.int32)
 
     @property
     def ran(self) -> str:
         """The stage-1 kernel that runs: ``portable``, ``hopper:vt-smem`` or ``hopper:v-regs`` (``+ablate:qk`` etc.
         when an ablation skips compute: its outputs are wrong)."""
         name = self.kernel if self.hopper_variant is None else f"{self.kernel}:{self.hopper_variant}"
+        if self.kernel == "hopper" and self.merge_max:
+            name += f"+merge{self.config.hopper_merge_splits}"
         return name if self.config.hopper_ablate == "none" else f"{name}+ablate:{self.config.hopper_ablate}"
 
     def __call__(
@@ -528,12 +593,12 @@ class TritonDecoder:
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                   Q_FIRST=c.hopper_q_first, WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
-                  num_warps=4)  # fmt: skip
+                  MERGE_MAX=self.merge_max, num_warps=4)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
         self.G.stage1_kernel[(self.n_cu,)](
             *descs, self.cta_info, self.work_info, self.tile_rows, self.out, self.lse, self.part_o, self.part_lse,
-            p.q_scale, p.kv_scale, self.sm_scale, stamps, **kw, **chain,
+            p.q_scale, p.kv_scale, self.sm_scale, stamps, self.merge_info, self.merge_counters, **kw, **chain,
         )  # fmt: skip
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
