@@ -526,6 +526,9 @@ def _stage1_kernel(
                 n_parts = gl.load(MERGE_INFO + w * 4 + 1)
                 arrived = gl.atomic_add(COUNTERS + slot, 1, sem="acq_rel", scope="gpu")
                 if arrived == n_parts - 1:  # the last one: every other partial is visible from here
+                    # (the acquire was thread 0's; every thread orders its loads after it: cheap, and plain PTX)
+                    gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                              pack=1)  # fmt: skip
                     gl.store(COUNTERS + slot, 0)  # (the next call counts from 0; it starts after this grid ends)
                     _merge_request(PART_O, PART_LSE, OUT, OUT_LSE, gl.load(MERGE_INFO + w * 4 + 2), n_parts,
                                    gl.load(MERGE_INFO + w * 4 + 3), MERGE_MAX, H, D_NOPE)  # fmt: skip
