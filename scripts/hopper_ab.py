@@ -44,9 +44,11 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # (`gluon_hopper._across_warps`): compare v2mx with v2q (both q first), v1mx with v1 (both q last)
     "v2mx": (1, dict(hopper_variant="v-regs", hopper_warp_exchange=True)),
     "v1mx": (1, dict(hopper_variant="vt-smem", hopper_warp_exchange=True, hopper_q_first=False)),  # (beside v1)
-    # requests split in <= 2 / <= 4 merged inside stage 1 by their last CTA (batch 64 / 32 and 64 need no reduce)
+    # requests split in <= 2 / 4 / 8 merged inside stage 1 by their last CTA (then batch 64 / 32-64 / 16-64 need no
+    # reduce)
     "v2m2": (1, dict(hopper_variant="v-regs", hopper_merge_splits=2)),
     "v2m4": (1, dict(hopper_variant="v-regs", hopper_merge_splits=4)),
+    "v2m8": (1, dict(hopper_variant="v-regs", hopper_merge_splits=8)),
 }
 
 

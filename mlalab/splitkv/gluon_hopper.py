@@ -245,11 +245,9 @@ def _store_chunk(o, DST, base, n_valid, d0: gl.constexpr, D_NOPE: gl.constexpr, 
     gl.store(ptr, o.to(DST.dtype.element_ty), mask=(offs_n < n_valid)[None, :] & (offs_d < 128)[:, None])
 
 
-#: The last-arriver merge (`_merge_request`): a (partials, 128 value dims, 16 heads) block of head-minor partials, every
+#: The last-arriver merge (`_merge_request`): a (partials, value dims, 16 heads) block of head-minor partials, every
 #: partial of an element in one thread (the merge is a register reduction), 4 heads of one dim per 16-byte load.
 _MERGE_IN: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [1, 4, 1], [2, 1, 0])
-#: ... and the merged (128 dims, 16 heads) chunk for the output's stores: 4 consecutive dims of one head per thread.
-_MERGE_OUT: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
 
 
 @gluon.jit
@@ -258,7 +256,11 @@ def _merge_request(PART_O, PART_LSE, OUT, OUT_LSE, p0, n, q_row, MP: gl.constexp
     """Merge the `n` (<= MP) head-minor fp32 partials at rows p0 .. p0 + n - 1 (one q row of H heads each) into the
     final output row `q_row` and its LSE, as the reduce would (`triton_decode._reduce_kernel`). Called by the CTA
     that stored the request's last partial, once every other partial is visible (`_stage1_kernel`, ``MERGE_MAX``):
-    the loads bypass L1 (``.cg``; another SM wrote them, and this SM's L1 may hold lines of an earlier call)."""
+    the loads bypass L1 (``.cg``; another SM wrote them, and this SM's L1 may hold lines of an earlier call). The
+    512 dims go in chunks of 128 (up to 4 partials) or 32 (8): at most 64 partial values per thread."""
+    CHUNK: gl.constexpr = 128 if MP <= 4 else 32
+    # the merged (CHUNK dims, 16 heads) chunk for the output's stores: consecutive dims of one head per thread
+    OUT_L: gl.constexpr = gl.BlockedLayout([CHUNK // 32, 1], [32, 1], [1, 4], [0, 1])
     L2D: gl.constexpr = gl.SliceLayout(1, _MERGE_IN)  # (partial, head)
     offs_p = gl.arange(0, MP, layout=gl.SliceLayout(1, L2D))
     offs_h = gl.arange(0, H, layout=gl.SliceLayout(0, L2D))
@@ -273,24 +275,24 @@ def _merge_request(PART_O, PART_LSE, OUT, OUT_LSE, p0, n, q_row, MP: gl.constexp
     w_safe = gl.where(wsum > 0.0, wsum, 1.0)
     w = w / w_safe[None, :]  # normalised weights: the merged output is sum_p w_p o_p
     w3 = gl.expand_dims(w, 1)  # (MP, 1, H)
-    offs_d = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(2, _MERGE_IN)))
+    offs_d = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, gl.SliceLayout(2, _MERGE_IN)))
     offs_h3 = gl.arange(0, H, layout=gl.SliceLayout(0, gl.SliceLayout(1, _MERGE_IN)))
     offs_p3 = gl.arange(0, MP, layout=gl.SliceLayout(1, gl.SliceLayout(2, _MERGE_IN)))
     rows3 = (p0 + offs_p3).to(gl.int64)
     pm3 = (offs_p3 < n)[:, None, None]
-    od = gl.arange(0, 128, layout=gl.SliceLayout(1, _MERGE_OUT))
-    oh = gl.arange(0, H, layout=gl.SliceLayout(0, _MERGE_OUT))
+    od = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, OUT_L))
+    oh = gl.arange(0, H, layout=gl.SliceLayout(0, OUT_L))
     out_row = OUT + q_row.to(gl.int64) * H * D_NOPE
-    for c in gl.static_range(D_NOPE // 128):
+    for c in gl.static_range(D_NOPE // CHUNK):
         ptr = (
             PART_O
             + rows3[:, None, None] * (H * D_NOPE)
-            + (c * 128 + offs_d)[None, :, None] * H
+            + (c * CHUNK + offs_d)[None, :, None] * H
             + offs_h3[None, None, :]
         )
         o_p = gl.load(ptr, mask=pm3, other=0.0, cache_modifier=".cg")
-        o = gl.convert_layout(gl.sum(w3 * o_p, axis=0), _MERGE_OUT)  # (128 dims, H): dims contiguous per thread
-        gl.store(out_row + oh[None, :] * D_NOPE + (c * 128 + od)[:, None], o.to(OUT.dtype.element_ty))
+        o = gl.convert_layout(gl.sum(w3 * o_p, axis=0), OUT_L)  # (CHUNK dims, H): dims contiguous per thread
+        gl.store(out_row + oh[None, :] * D_NOPE + (c * CHUNK + od)[:, None], o.to(OUT.dtype.element_ty))
     gl.store(OUT_LSE + q_row.to(gl.int64) * H + offs_h, gl.where(wsum > 0.0, m_safe + gl.log(w_safe), float("-inf")))
 
 

@@ -108,7 +108,6 @@ def compile_hopper(
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     from .triton_mla import HOPPER_INFO_COLS, HOPPER_MAX_STAGES
 
-    # (8 compiles, with spills: the decoder takes <= 4)
     if merge_max not in (0, 2, 4, 8) or isinstance(merge_max, bool):
         raise ValueError(f"merge_max must be 0, 2, 4 or 8, got {merge_max!r}")
 

@@ -190,11 +190,12 @@ class KernelConfig:
     score maximum and each work's softmax sum across the 4 warps with one shared-memory exchange and one barrier
     (`gluon_hopper._across_warps`) instead of the two of Triton 3.6's reduction (3.9 already uses one); correct on the
     H200 but no faster (21.48 vs 21.47 us geomean, data/profiles/h200_2026-12-03_ab_warp_exchange.csv), so off.
-    ``hopper_merge_splits`` (hopper; 0 = off, 2 or 4): a request split in at most this many partials (one q row,
+    ``hopper_merge_splits`` (hopper; 0 = off, 2, 4 or 8): a request split in at most this many partials (one q row,
     its partial rows consecutive) is merged inside stage 1 by the CTA that stores its last partial (an arrival
     counter per request; nobody waits), so the reduce kernel runs only for the others, or not at all. **Not yet run
     on a GPU** (2026-12-03): expected to pay off for 2-4 splits (batch 32-64), where the reduce's latency chain
-    (+2.4-3.4 us) is replaced by one fence, one atomic and one L2 round trip of 2-4 partials. ``hopper_stages``: the TMA ring's depth, 1 to
+    (+2.4-3.4 us) is replaced by one fence, one atomic and one L2 round trip of 2-4 partials; with 8 (batch 16) the
+    merging CTA reads 7 partials (224 KB), which may cost what it saves. ``hopper_stages``: the TMA ring's depth, 1 to
     `HOPPER_MAX_STAGES` of the path. The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -423,9 +424,8 @@ class TritonDecoder:
                              f"got {config.hopper_ablate!r}")  # fmt: skip
         if config.kernel not in ("auto", "hopper", "portable"):
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
-        if config.hopper_merge_splits not in (0, 2, 4) or isinstance(config.hopper_merge_splits, bool):
-            raise ValueError(f"hopper_merge_splits must be 0 (off), 2 or 4 (8 partials spill registers), "
-                             f"got {config.hopper_merge_splits!r}")  # fmt: skip
+        if config.hopper_merge_splits not in (0, 2, 4, 8) or isinstance(config.hopper_merge_splits, bool):
+            raise ValueError(f"hopper_merge_splits must be 0 (off), 2, 4 or 8, got {config.hopper_merge_splits!r}")
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
