@@ -379,7 +379,8 @@ def _set_errors(rec: TimingRecord, out: torch.Tensor, exact: torch.Tensor, emul:
 def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log: Any = print) -> None:
     """Fill the error columns of records timed with ``refs=None`` (`bench_one`, status `ACCURACY_PENDING`) from
     their kept outputs, against references on `x` (the same inputs they were timed on); status becomes "ok". A
-    reference that fails leaves the errors NaN, says so in the log, and keeps the timing ("ok")."""
+    reference that cannot be computed leaves the errors NaN, says so in the log and keeps the timing ("ok"); an
+    output that cannot be compared with it (wrong size: a backend bug) makes the row ``error: accuracy: ...``."""
     refs: dict = {}
     for rec, out in pending:
         if rec.status != ACCURACY_PENDING:
@@ -388,12 +389,16 @@ def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log:
         if (x.batch, int(x.kv_lens[0])) != (rec.batch, rec.kv_len):
             raise ValueError(f"fill_accuracy: record of B={rec.batch} L={rec.kv_len}, inputs of B={x.batch} "
                              f"L={int(x.kv_lens[0])}")  # fmt: skip
-        try:
-            _set_errors(rec, out, *_refs(x, rec.precision, refs))
-        except Exception as e:  # noqa: BLE001 (the timing stays valid without its error columns)
-            what = f"{rec.backend} {rec.precision} B={rec.batch} L={rec.kv_len}"
-            log(f"accuracy of {what} failed: {type(e).__name__}: {e}")
         rec.status = "ok"
+        try:
+            exact, emul = _refs(x, rec.precision, refs)
+        except Exception as e:  # noqa: BLE001 (the timing stays valid without its error columns)
+            log(f"reference of {rec.precision} B={rec.batch} L={rec.kv_len} failed: {type(e).__name__}: {e}")
+            continue
+        try:
+            _set_errors(rec, out, exact, emul)
+        except Exception as e:  # noqa: BLE001 (recorded in the row, like any failure of the backend)
+            rec.status = f"error: accuracy: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
 def aiter_callable(x: Any, precision: str, n_copies: int, **overrides: Any) -> Any:
@@ -539,7 +544,7 @@ def run_suite(
             for rec, _ in kept:
                 log(f"{rec.backend:16s} {rec.planner:10s} {rec.precision:6s} B={B:4d} L={L:5d} "
                     f"err {rec.err_vs_exact:.2e} (quant {rec.err_quant_emulated:.2e}, "
-                    f"vs emul {rec.err_vs_emulated:.2e})")  # fmt: skip
+                    f"vs emul {rec.err_vs_emulated:.2e}) {rec.status} {rec.config}")  # fmt: skip
             del x
             torch.cuda.empty_cache()
             if out is not None:

@@ -223,6 +223,23 @@ def test_fill_accuracy_fills_the_deferred_error_columns_and_refuses_mismatches()
         fill_accuracy([(other, exact)], x)
     with pytest.raises(ValueError, match="give refs .* or outputs"):
         bench_one("triton", x, "a8w8", copy_tbps=4.0, env={}, refs=None)
+    # an output that cannot be compared (a backend bug) is an error of its row, not a silent NaN
+    bad = TimingRecord("triton", "simple", "a8w8", "{}", 2, 96, us_median=5.0, status=ACCURACY_PENDING)
+    fill_accuracy([(bad, exact[:1].clone())], x)
+    assert bad.status.startswith("error: accuracy: ValueError") and bad.us_median == 5.0
+
+
+def test_rows_timed_before_the_accuracy_pass_stay_in_the_views(tmp_path: Path) -> None:
+    """A suite stopped between its passes leaves rows 'accuracy pending' (valid times, NaN errors): the views keep
+    them; failed rows they drop."""
+    from mlalab.timing import ACCURACY_PENDING
+
+    recs = [TimingRecord("triton", "simple", "a8w8", "{}", 4, 1024, us_median=6.0, status=ACCURACY_PENDING),
+            TimingRecord("flashmla", "-", "a8w8", "", 4, 1024, us_median=10.0),
+            TimingRecord("flashinfer", "-", "a16w8", "", 4, 1024, status="error: RuntimeError: x")]  # fmt: skip
+    write_csv(recs, tmp_path / "h200_2026-12-04_run99.csv")
+    df = load_recorded(str(tmp_path))
+    assert sorted(df["backend"]) == ["flashmla", "triton"] and df["err_vs_exact"].isna().all()
 
 
 @pytest.mark.gpu

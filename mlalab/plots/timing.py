@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from ..config import DecodeCase
 from ..io import natural_key
 from ..splitkv import WorkPlan, indptrs_for, make_plan
-from ..timing import COMPETITION_SHAPES, parse_config, plan_digest
+from ..timing import ACCURACY_PENDING, COMPETITION_SHAPES, parse_config, plan_digest
 from ..traffic import decode_traffic
 from .splitkv import cu_load_figure, work_map_figure
 
@@ -46,13 +46,14 @@ _KEY = ["backend", "precision", "batch", "kv_len"]
 
 
 def load_recorded(data_dir: str = DATA_DIR) -> pd.DataFrame:
-    """All recorded timing CSVs, status 'ok' rows only, with a `run` column (file name)."""
+    """All recorded timing CSVs, timed rows only (status 'ok', or 'accuracy pending': a suite stopped between its
+    timing and accuracy passes; their error columns are NaN), with a `run` column (file name)."""
     files = sorted(glob.glob(os.path.join(data_dir, "*.csv")), key=lambda f: natural_key(os.path.basename(f)))
     if not files:
         raise FileNotFoundError(f"no timing CSVs under {data_dir}")
     dfs = [pd.read_csv(f).assign(run=os.path.basename(f)) for f in files]
     df = pd.concat(dfs, ignore_index=True)
-    return df[df["status"] == "ok"].copy()
+    return df[df["status"].isin(["ok", ACCURACY_PENDING])].copy()
 
 
 def _check_df(df: object) -> pd.DataFrame:

@@ -426,6 +426,9 @@ class TritonDecoder:
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
         if config.hopper_merge_splits not in (0, 2, 4, 8) or isinstance(config.hopper_merge_splits, bool):
             raise ValueError(f"hopper_merge_splits must be 0 (off), 2, 4 or 8, got {config.hopper_merge_splits!r}")
+        if config.hopper_merge_splits and config.hopper_stages == 1:
+            raise ValueError("hopper_merge_splits needs hopper_stages >= 2 (with a 1-stage ring the merge spills "
+                             "registers on sm_90 with Triton 3.6)")  # fmt: skip
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
@@ -549,7 +552,8 @@ class TritonDecoder:
         """Run stage 1 once with per-CTA time stamps and return when each CTA did what (`timeline.CtaTimeline`).
 
         GPU and the sm_90 kernels only. Run the decoder a few times first: the first launch compiles. The reduce is
-        not run (the timeline is stage 1's), so `out` holds only the unsplit requests afterwards. `cold_l2`
+        not run (the timeline is stage 1's), so `out` holds only the unsplit requests (and those stage 1 merged itself,
+        `hopper_merge_splits`) afterwards. `cold_l2`
         (default): read twice the L2 of other data first, so the KV comes from HBM as in the timed calls (which rotate KV
         copies past the L2); a repeated launch on the same small KV would otherwise read it from L2."""
         if self.kernel != "hopper":
