@@ -49,9 +49,6 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2m2": (1, dict(hopper_variant="v-regs", hopper_merge_splits=2)),
     "v2m4": (1, dict(hopper_variant="v-regs", hopper_merge_splits=4)),
     "v2m8": (1, dict(hopper_variant="v-regs", hopper_merge_splits=8)),
-    # the plan's loads with L2 priority evict_last (the header's round trip an L2 hit), alone and with the merge
-    "v2k": (1, dict(hopper_variant="v-regs", hopper_plan_l2_keep=True)),
-    "v2m4k": (1, dict(hopper_variant="v-regs", hopper_merge_splits=4, hopper_plan_l2_keep=True)),
 }
 
 

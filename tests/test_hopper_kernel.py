@@ -107,10 +107,9 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts() -> None:
         "for v in ('vt-smem', 'v-regs'):\n"
         "  for st in range(1, HOPPER_MAX_STAGES[v] + 1):\n"
         # (the default q first, 1 stage q last; 2 stages with the one-barrier exchanges across warps; 3 / 2 with the
-        # merge of <= 4 / <= 8 splits in stage 1, which the decoder refuses with 1 stage: it spills with Triton 3.6;
-        # 4 with the plan's loads kept in L2)
+        # merge of <= 4 / <= 8 splits in stage 1, which the decoder refuses with 1 stage: it spills with Triton 3.6)
         "    r = compile_hopper(st, variant=v, q_first=st != 1, warp_exchange=st == 2,\n"
-        "                       merge_max={3: 4, 2: 8}.get(st, 0), plan_evict='evict_last' if st == 4 else '')\n"
+        "                       merge_max={3: 4, 2: 8}.get(st, 0))\n"
         "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
@@ -243,8 +242,6 @@ _CONFIGS = {
     # requests split in <= 4 merged inside stage 1 by their last CTA (the others through the reduce)
     "v-regs-merge-4": KernelConfig(hopper_variant="v-regs", hopper_merge_splits=4),
     "vt-smem-merge-4": KernelConfig(hopper_variant="vt-smem", hopper_merge_splits=4),
-    # the plan's loads with L2 priority evict_last
-    "v-regs-plan-l2-keep": KernelConfig(hopper_variant="v-regs", hopper_plan_l2_keep=True),
 }
 
 

@@ -321,7 +321,6 @@ def _stage1_kernel(
     WARP_XCHG: gl.constexpr,  # maxima / softmax sums across the 4 warps with one barrier each (`_across_warps`)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     MERGE_MAX: gl.constexpr,  # 0, or a power of two: requests split in <= MERGE_MAX merged here by their last CTA
-    PLAN_EVICT: gl.constexpr,  # "" or "evict_last": the L2 eviction priority of the plan's loads (header, works, rows)
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps == 4, "one warpgroup per CTA")
@@ -337,26 +336,24 @@ def _stage1_kernel(
         _stamp(tl_row, 0, GLOBAL=True)
         _stamp(tl_row, 2)
     # The CTA's header, the scales and the first tiles' rows: independent loads, so ONE round trip before the
-    # first TMAs (loads written between TMA issues would each wait for the previous issue: measured 3.6 us). With
-    # PLAN_EVICT="evict_last" the plan's lines stay in L2 while the KV streams through it (a model re-reads one
-    # decode step's plan in every layer), so that round trip is an L2 hit instead of an HBM read.
+    # first TMAs (loads written between TMA issues would each wait for the previous issue: measured 3.6 us).
     head = CTA_INFO + gl.program_id(0) * INFO_COLS
-    w_begin = gl.load(head, eviction_policy=PLAN_EVICT)
-    w_end = gl.load(head + 1, eviction_policy=PLAN_EVICT)
-    t_begin = gl.load(head + 2, eviction_policy=PLAN_EVICT)
-    t_end = gl.load(head + 3, eviction_policy=PLAN_EVICT)
-    q_row0 = gl.load(head + 4, eviction_policy=PLAN_EVICT)
-    row0 = gl.load(head + 5, eviction_policy=PLAN_EVICT)
+    w_begin = gl.load(head)
+    w_end = gl.load(head + 1)
+    t_begin = gl.load(head + 2)
+    t_end = gl.load(head + 3)
+    q_row0 = gl.load(head + 4)
+    row0 = gl.load(head + 5)
     if NUM_STAGES > 1:
-        row1 = gl.load(head + 6, eviction_policy=PLAN_EVICT)
+        row1 = gl.load(head + 6)
     if NUM_STAGES > 2:
-        row2 = gl.load(head + 7, eviction_policy=PLAN_EVICT)
+        row2 = gl.load(head + 7)
     if NUM_STAGES > 3:
-        row3 = gl.load(head + 8, eviction_policy=PLAN_EVICT)
+        row3 = gl.load(head + 8)
     if NUM_STAGES > 4:
-        row4 = gl.load(head + 9, eviction_policy=PLAN_EVICT)
-    q_scale = gl.load(Q_SCALE, eviction_policy=PLAN_EVICT)
-    v_scale = gl.load(KV_SCALE, eviction_policy=PLAN_EVICT)
+        row4 = gl.load(head + 9)
+    q_scale = gl.load(Q_SCALE)
+    v_scale = gl.load(KV_SCALE)
     n_tiles = t_end - t_begin
 
     # wgmma accumulators (Sᵀ: 64 × NQ, Oᵀ: 512 × NQ): 4 warps along M, N = NQ (16 heads) per instruction
@@ -408,7 +405,7 @@ def _stage1_kernel(
     if TIMELINE:
         _stamp(tl_row, 4)
     # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
-    row_pf = gl.load(TILE_ROWS + t_begin + NUM_STAGES, mask=n_tiles > NUM_STAGES, other=0, eviction_policy=PLAN_EVICT)
+    row_pf = gl.load(TILE_ROWS + t_begin + NUM_STAGES, mask=n_tiles > NUM_STAGES, other=0)
 
     # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
     qk_scale = sm_scale * q_scale * v_scale * 1.4426950408889634
@@ -418,15 +415,14 @@ def _stage1_kernel(
     for w in range(w_begin, w_end):
         j = w - w_begin
         info = WORK_INFO + w * 8
-        partial_loc = gl.load(info + 1, eviction_policy=PLAN_EVICT)
-        qo_start = gl.load(info + 2, eviction_policy=PLAN_EVICT)
-        kv_start = gl.load(info + 4, eviction_policy=PLAN_EVICT)
-        kv_end = gl.load(info + 5, eviction_policy=PLAN_EVICT)
+        partial_loc = gl.load(info + 1)
+        qo_start = gl.load(info + 2)
+        kv_start = gl.load(info + 4)
+        kv_end = gl.load(info + 5)
         qb = j % 2
         mbarrier.wait(q_bar.index(qb), (j // 2) & 1)
         if w + 1 < w_end:  # buffer (j+1) % 2 held work w-1's q, whose MMAs all completed in its epilogue
-            q_next = gl.load(info + 10, eviction_policy=PLAN_EVICT)  # the next work's q row
-            _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_next, j + 1, H)
+            _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, gl.load(info + 10), j + 1, H)  # next work's q row
         q_nope_t = qn_smem.index(qb).permute((1, 0))  # (512, NQ): the B operand, reduction dim contiguous
         q_rope_t = qr_smem.index(qb).permute((1, 0))
 
@@ -434,8 +430,7 @@ def _stage1_kernel(
         l_acc = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
         o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC))
         for start in range(kv_start, kv_end, BLOCK_N):
-            row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0,
-                             eviction_policy=PLAN_EVICT)  # fmt: skip
+            row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
             if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
@@ -525,7 +520,7 @@ def _stage1_kernel(
         if MERGE_MAX > 0:  # noqa: SIM102
             # A split of a request merged in stage 1 (no reduce for it): count this partial in; the CTA that stores
             # the request's last partial merges them all. Nobody waits, so there is no deadlock whatever the order.
-            slot = gl.load(MERGE_INFO + w * 4, eviction_policy=PLAN_EVICT)
+            slot = gl.load(MERGE_INFO + w * 4)
             if slot >= 0:
                 _cta_barrier()  # every warp's partial stores issued before the release below
                 gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False,

@@ -89,13 +89,11 @@ def compile_hopper(
     q_first: bool = True,
     warp_exchange: bool = False,
     merge_max: int = 0,
-    plan_evict: str = "",
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
-    ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two; ``plan_evict``: its ``PLAN_EVICT``, ""
-    or "evict_last"); see the module docstring."""
+    ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -110,8 +108,6 @@ def compile_hopper(
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     from .triton_mla import HOPPER_INFO_COLS, HOPPER_MAX_STAGES
 
-    if plan_evict not in ("", "evict_last"):
-        raise ValueError(f"plan_evict must be '' or 'evict_last', got {plan_evict!r}")
     if merge_max not in (0, 2, 4, 8) or isinstance(merge_max, bool):
         raise ValueError(f"merge_max must be 0, 2, 4 or 8, got {merge_max!r}")
 
@@ -137,8 +133,7 @@ def compile_hopper(
                 D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
                 ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, WARP_XCHG=warp_exchange,
-                INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, PLAN_EVICT=plan_evict, REPORT=True, num_warps=4,
-                grid=(1,),
+                INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True, num_warps=4, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

@@ -195,10 +195,7 @@ class KernelConfig:
     counter per request; nobody waits), so the reduce kernel runs only for the others, or not at all. **Not yet run
     on a GPU** (2026-12-03): expected to pay off for 2-4 splits (batch 32-64), where the reduce's latency chain
     (+2.4-3.4 us) is replaced by one fence, one atomic and one L2 round trip of 2-4 partials; with 8 (batch 16) the
-    merging CTA reads 7 partials (224 KB), which may cost what it saves. ``hopper_plan_l2_keep`` (hopper): the
-    plan's loads (each CTA's header, the works, the tile rows, the scales) with L2 priority evict_last, so they stay
-    in L2 while the KV streams through it and the header's round trip before the first TMA (0.7-1.6 us in s7's
-    profile) is an L2 hit (a model re-reads a decode step's plan in every layer). **Not yet run on a GPU.** ``hopper_stages``: the TMA ring's depth, 1 to
+    merging CTA reads 7 partials (224 KB), which may cost what it saves. ``hopper_stages``: the TMA ring's depth, 1 to
     `HOPPER_MAX_STAGES` of the path. The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -219,7 +216,6 @@ class KernelConfig:
     hopper_q_first: bool = True
     hopper_warp_exchange: bool = False
     hopper_merge_splits: int = 0
-    hopper_plan_l2_keep: bool = False
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -601,8 +597,7 @@ class TritonDecoder:
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                   Q_FIRST=c.hopper_q_first, WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
-                  MERGE_MAX=self.merge_max, PLAN_EVICT="evict_last" if c.hopper_plan_l2_keep else "",
-                  num_warps=4)  # fmt: skip
+                  MERGE_MAX=self.merge_max, num_warps=4)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
         self.G.stage1_kernel[(self.n_cu,)](
