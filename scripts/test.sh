@@ -17,6 +17,16 @@ if [ "${MLALAB_SKIP_UI:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1; the
   fi
 fi
 
+# The H200 machine runs Triton 3.6 (the environment may have a newer one, which allocates registers differently): a
+# copy of it beside the environment, used only to compile the sm_90 kernel in a test (skipped, with the reason, offline).
+t36="$(dirname "$bindir")/mlalab-triton-3.6"
+if [ "${MLALAB_SKIP_TRITON36:-0}" != 1 ] && [ ! -d "$t36/triton" ]; then
+  echo "[test] fetching triton 3.6.0 (the H200 machine's) for the sm_90 compile test" >&2
+  "$py" -m pip install --quiet --disable-pip-version-check --no-deps --target "$t36" "triton==3.6.0" >&2 ||
+    echo "[test] WARNING: could not fetch triton 3.6.0; its sm_90 compile test will be skipped" >&2
+fi
+export MLALAB_TRITON_H200="$t36"
+
 echo "[test] ruff" >&2
 "$bindir/ruff" check .
 "$bindir/ruff" format --check .
