@@ -40,6 +40,7 @@ __all__ = [
     "rel_l2",
     "bench_one",
     "fill_accuracy",
+    "fill_accuracy_by_shape",
     "ACCURACY_PENDING",
     "aiter_callable",
     "run_suite",
@@ -362,12 +363,18 @@ def bench_one(
         rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
         rec.tbps = nbytes / (rec.us_median * 1e-6) / 1e12
         rec.pct_copy = 100.0 * rec.tbps / copy_tbps
-        if refs is None and outputs is not None:
+        if refs is None:
             rec.status = ACCURACY_PENDING
             outputs.append((rec, out.cpu()))
     except Exception as e:  # record and continue: one failing peer must not lose the whole run
-        rec.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        rec.status = _error_status(e)
     return rec
+
+
+def _error_status(e: Exception, what: str = "") -> str:
+    """A failed row's `status`: ``error: [what]<Exception>: <first line of its message, 200 characters at most>``."""
+    msg = str(e).splitlines()[0][:200] if str(e) else ""
+    return f"error: {what}{type(e).__name__}: {msg}"
 
 
 def _set_errors(rec: TimingRecord, out: torch.Tensor, exact: torch.Tensor, emul: torch.Tensor) -> None:
@@ -398,7 +405,27 @@ def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log:
         try:
             _set_errors(rec, out, exact, emul)
         except Exception as e:  # noqa: BLE001 (recorded in the row, like any failure of the backend)
-            rec.status = f"error: accuracy: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            rec.status = _error_status(e, "accuracy: ")
+
+
+def fill_accuracy_by_shape(pending: dict[tuple[int, int], list], log: Any = print, after_shape: Any = None) -> None:
+    """The second pass of a timing run: for each uniform shape ``(batch, kv_len)`` of `pending` (shape -> [(record,
+    output)], as `bench_one` with ``refs=None`` kept them), regenerate its inputs (`make_inputs` is seeded: the
+    same inputs that were timed), `fill_accuracy`, log each row's errors and call ``after_shape()`` (e.g. rewrite
+    the CSV)."""
+    for (B, L), kept in pending.items():
+        if not kept:
+            continue
+        x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
+        fill_accuracy(kept, x, log)
+        for rec, _ in kept:
+            log(f"{rec.backend:16s} {rec.planner:10s} {rec.precision:6s} B={B:4d} L={L:5d} "
+                f"err {rec.err_vs_exact:.2e} (quant {rec.err_quant_emulated:.2e}, "
+                f"vs emul {rec.err_vs_emulated:.2e}) {rec.status} {rec.config}")  # fmt: skip
+        del x
+        torch.cuda.empty_cache()
+        if after_shape is not None:
+            after_shape()
 
 
 def aiter_callable(x: Any, precision: str, n_copies: int, **overrides: Any) -> Any:
@@ -537,18 +564,8 @@ def run_suite(
         torch.cuda.empty_cache()
         if out is not None:
             write_csv(recs, out)
-    for (B, L), kept in pending.items():  # pass 2: the accuracy columns, once every timing is done
-        if kept:
-            x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")  # (the same seed: the inputs that were timed)
-            fill_accuracy(kept, x, log)
-            for rec, _ in kept:
-                log(f"{rec.backend:16s} {rec.planner:10s} {rec.precision:6s} B={B:4d} L={L:5d} "
-                    f"err {rec.err_vs_exact:.2e} (quant {rec.err_quant_emulated:.2e}, "
-                    f"vs emul {rec.err_vs_emulated:.2e}) {rec.status} {rec.config}")  # fmt: skip
-            del x
-            torch.cuda.empty_cache()
-            if out is not None:
-                write_csv(recs, out)
+    # pass 2: the accuracy columns, once every timing is done
+    fill_accuracy_by_shape(pending, log, None if out is None else (lambda: write_csv(recs, out)))
     return recs
 
 
@@ -568,7 +585,7 @@ def _bench_reference_torch(x: Any, bw: float, env: dict, outputs: list, cpg: int
         rec.status = ACCURACY_PENDING  # (errors: fill_accuracy, after every timing)
         outputs.append((rec, out.cpu()))
     except Exception as e:
-        rec.status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        rec.status = _error_status(e)
     return rec
 
 

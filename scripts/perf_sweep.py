@@ -48,7 +48,7 @@ def main() -> None:
 
     from mlalab.config import DecodeCase
     from mlalab.inputs import make_inputs
-    from mlalab.timing import COMPETITION_SHAPES, bench_one, copy_bandwidth, fill_accuracy, gpu_info, write_csv
+    from mlalab.timing import COMPETITION_SHAPES, bench_one, copy_bandwidth, fill_accuracy_by_shape, gpu_info, write_csv
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sweep.csv")
@@ -78,13 +78,7 @@ def main() -> None:
         del x
         torch.cuda.empty_cache()
         write_csv(recs, a.out)
-    for (B, L), kept in pending.items():
-        if kept:
-            fill_accuracy(kept, make_inputs(DecodeCase.uniform(B, L)).to("cuda"))
-            for r, _ in kept:
-                print(f"{r.config[:24]:24s} B={B:4d} L={L:5d} err {r.err_vs_exact:.3e} "
-                      f"quant {r.err_quant_emulated:.3e} {r.status}", flush=True)  # fmt: skip
-            write_csv(recs, a.out)
+    fill_accuracy_by_shape(pending, after_shape=lambda: write_csv(recs, a.out))
     ref = math.exp(sum(math.log(t) for t in times["flashmla"]) / len(times["flashmla"]))
     print(f"\n{'variant':16s} geomean_us  /flashmla  " + " ".join(f"{B}x{L}" for B, L in shapes))
     for k, ts in times.items():

@@ -216,7 +216,9 @@ def test_merge_info_picks_small_one_row_splits_and_names_their_rows() -> None:
         plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 132, block=64)
         wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
         tiles = merge_tiles(plan, n_max)
-        info, slots = hopper_merge_info(plan, wi, n_max)
+        info, slot_tiles = hopper_merge_info(plan, wi, n_max)
+        slots = len(slot_tiles)
+        assert slot_tiles == tiles
         assert len(tiles) == slots == merged, (lens[:2], n_max)
         indptr, pmap = plan.reduce_indptr.long(), plan.reduce_partial_map.long()
         final = plan.reduce_final_map.long().reshape(-1, 2)

@@ -19,6 +19,7 @@ import torch
 from ..checks import check_tensor
 
 __all__ = [
+    "tensor_amax",
     "to_float32_exact_for_rounding",
     "Fp8Format",
     "FP8_FORMATS",
@@ -87,6 +88,13 @@ FP8_FORMATS: dict[str, Fp8Format] = {
     "e4m3fnuz-224": Fp8Format("e4m3fnuz-224", torch.float8_e4m3fnuz, 4, 3, 8, 224.0, 240.0, True, "nan"),
     "e5m2": Fp8Format("e5m2", torch.float8_e5m2, 5, 2, 15, 57344.0, 57344.0, False, "inf"),
 }
+
+
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the whole tensor (0-d, x's dtype); 0 for an empty one (e.g. the KV of a batch whose requests are
+    all empty), so a scale computed from it is the amax floor's, like an all-zero tensor's, instead of torch's error
+    on an empty reduction."""
+    return x.abs().amax() if x.numel() else torch.zeros((), dtype=x.dtype, device=x.device)
 
 
 def to_float32_exact_for_rounding(x: torch.Tensor) -> torch.Tensor:

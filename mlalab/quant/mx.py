@@ -27,6 +27,7 @@ from .formats import (
     e8m0_from_exponent,
     e8m0_to_float,
     pack_e2m1,
+    tensor_amax,
     to_float32_exact_for_rounding,
     unpack_e2m1,
 )
@@ -138,7 +139,7 @@ def nvfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     scales (..., N/16), fp32 global scale (1,)). Global scale = amax / (448 * 6); an all-zero tensor gets
     global scale 1 and zero codes."""
     xb = _blocks("x", x, NVFP4_BLOCK)
-    amax = xb.abs().amax() if xb.numel() else torch.zeros(())  # (an empty tensor: like an all-zero one)
+    amax = tensor_amax(xb)  # (an empty tensor: 0, like an all-zero one)
     g = (amax / (448.0 * E2M1_MAX)) if float(amax) > 0 else torch.tensor(1.0)
     g = g.reshape(1).float()
     block_scale = xb.abs().amax(-1) / E2M1_MAX / g

@@ -30,7 +30,7 @@ import torch
 
 from ..checks import check_tensor
 from ..config import MLA
-from .formats import FP8_FORMATS, Fp8Format, Overflow, encode_fp8, get_fp8_format
+from .formats import FP8_FORMATS, Fp8Format, Overflow, encode_fp8, get_fp8_format, tensor_amax
 from .mx import MxRule, mxfp4_fake_quant, nvfp4_fake_quant
 
 __all__ = [
@@ -94,12 +94,6 @@ def _group_amax(xf: torch.Tensor, g: Granularity, block: int) -> torch.Tensor:
     if g is Granularity.TOKEN_HEAD:
         return a.amax(dim=-1, keepdim=True)
     raise AssertionError(g)  # pragma: no cover
-
-
-def _tensor_amax(x: torch.Tensor) -> torch.Tensor:
-    """max |x| over the whole tensor; 0 for an empty one (e.g. the KV of a batch whose requests are all empty), so
-    the amax floor gives it a finite scale instead of torch's error on an empty reduction."""
-    return x.abs().amax() if x.numel() else torch.zeros((), dtype=x.dtype, device=x.device)
 
 
 def fp8_scale(amax: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
@@ -224,7 +218,7 @@ def _padded_blocks(xf: torch.Tensor, block: int) -> torch.Tensor:
 
 def _bf16_scale(x: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
     xb = x.to(torch.bfloat16)
-    amax = _tensor_amax(xb).clamp(min=AMAX_FLOOR)  # bf16
+    amax = tensor_amax(xb).clamp(min=AMAX_FLOOR)  # bf16
     return (amax / fmt.max).to(torch.float32).reshape(1)  # bf16 division, then exact widening
 
 
@@ -245,11 +239,11 @@ def quantize_fp8_per_tensor(
     _check_finite_for_scale(x.float(), f"quantize_fp8_per_tensor({f.name})")
     if math == "bf16":
         xb = x.to(torch.bfloat16)
-        amax = _tensor_amax(xb).clamp(min=AMAX_FLOOR)
+        amax = tensor_amax(xb).clamp(min=AMAX_FLOOR)
         scale = amax / f.max  # bf16
         v = (xb / scale).clamp(min=-f.max, max=f.max)  # bf16 division and clamp, as the reference does
         return encode_fp8(v, f, "saturate"), scale.to(torch.float32).reshape(1)
-    scale = fp8_scale(_tensor_amax(x.float()), f).reshape(1)
+    scale = fp8_scale(tensor_amax(x.float()), f).reshape(1)
     return encode_fp8(x.float() / scale, f, "saturate"), scale
 
 

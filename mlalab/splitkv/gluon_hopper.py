@@ -245,6 +245,12 @@ def _store_chunk(o, DST, base, n_valid, d0: gl.constexpr, D_NOPE: gl.constexpr, 
     gl.store(ptr, o.to(DST.dtype.element_ty), mask=(offs_n < n_valid)[None, :] & (offs_d < 128)[:, None])
 
 
+@gluon.jit
+def _fence_gpu():
+    """``fence.acq_rel.gpu`` for this thread: its memory operations before / after are ordered GPU-wide."""
+    gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
 #: The last-arriver merge (`_merge_request`): a (partials, value dims, 16 heads) block of head-minor partials, every
 #: partial of an element in one thread (the merge is a register reduction), 4 heads of one dim per 16-byte load.
 _MERGE_IN: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [1, 4, 1], [2, 1, 0])
@@ -520,20 +526,19 @@ def _stage1_kernel(
         if MERGE_MAX > 0:  # noqa: SIM102
             # A split of a request merged in stage 1 (no reduce for it): count this partial in; the CTA that stores
             # the request's last partial merges them all. Nobody waits, so there is no deadlock whatever the order.
+            # (the work's merge row in one round trip: plan data, read-only, so before the fences)
             slot = gl.load(MERGE_INFO + w * 4)
+            n_parts = gl.load(MERGE_INFO + w * 4 + 1)
+            first_row = gl.load(MERGE_INFO + w * 4 + 2)
+            q_row = gl.load(MERGE_INFO + w * 4 + 3)
             if slot >= 0:
                 _cta_barrier()  # every warp's partial stores issued before the release below
-                gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                          pack=1)  # fmt: skip
-                n_parts = gl.load(MERGE_INFO + w * 4 + 1)
+                _fence_gpu()
                 arrived = gl.atomic_add(COUNTERS + slot, 1, sem="acq_rel", scope="gpu")
                 if arrived == n_parts - 1:  # the last one: every other partial is visible from here
-                    # (the acquire was thread 0's; every thread orders its loads after it: cheap, and plain PTX)
-                    gl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                              pack=1)  # fmt: skip
+                    _fence_gpu()  # (the acquire was thread 0's; every thread orders its loads after it)
                     gl.store(COUNTERS + slot, 0)  # (the next call counts from 0; it starts after this grid ends)
-                    _merge_request(PART_O, PART_LSE, OUT, OUT_LSE, gl.load(MERGE_INFO + w * 4 + 2), n_parts,
-                                   gl.load(MERGE_INFO + w * 4 + 3), MERGE_MAX, H, D_NOPE)  # fmt: skip
+                    _merge_request(PART_O, PART_LSE, OUT, OUT_LSE, first_row, n_parts, q_row, MERGE_MAX, H, D_NOPE)
 
     if TIMELINE:
         _stamp(tl_row, 3)

@@ -337,15 +337,16 @@ def merge_tiles(plan: WorkPlan, max_splits: int) -> list[int]:
     return out
 
 
-def hopper_merge_info(plan: WorkPlan, work_info: torch.Tensor, max_splits: int) -> tuple[torch.Tensor, int]:
-    """(MERGE_INFO (n_work, 4) int32: counter slot or -1, partials n, first partial row, q row; number of slots) of
-    the tiles `merge_tiles` picks: each work whose partial belongs to one of them gets its tile's slot."""
+def hopper_merge_info(plan: WorkPlan, work_info: torch.Tensor, max_splits: int) -> tuple[torch.Tensor, list[int]]:
+    """(MERGE_INFO (n_work, 4) int32: counter slot or -1, partials n, first partial row, q row; the tiles
+    `merge_tiles` picks, slot i being tile i of the list): each work whose partial belongs to one of them gets its
+    tile's slot."""
     n_work = int(work_info.shape[0])
     info = torch.full((max(1, n_work), 4), -1, dtype=torch.int32)
     info[:, 1:] = 0
     tiles = merge_tiles(plan, max_splits)
     if not tiles:
-        return info, 0
+        return info, tiles
     indptr = plan.reduce_indptr.to("cpu", torch.int64)
     final = plan.reduce_final_map.to("cpu", torch.int64).reshape(-1, 2)
     pmap = plan.reduce_partial_map.to("cpu", torch.int64)
@@ -356,9 +357,9 @@ def hopper_merge_info(plan: WorkPlan, work_info: torch.Tensor, max_splits: int) 
             row_of[r] = (slot, e - s, int(pmap[s]), int(final[t, 0]))
     loc = work_info[:, 1].to(torch.int64).tolist()
     for w, r in enumerate(loc):
-        if r >= 0 and r in row_of:
+        if r in row_of:
             info[w] = torch.tensor(row_of[r], dtype=torch.int32)
-    return info, len(tiles)
+    return info, tiles
 
 
 def hopper_cta_info(work_indptr: torch.Tensor, tile_indptr: torch.Tensor, tile_rows: torch.Tensor,
@@ -503,13 +504,13 @@ class TritonDecoder:
             self._descs: dict[tuple[int, int], tuple] = {}
             # requests merged inside stage 1 by their last CTA (`hopper_merge_splits`): their works' merge rows, one
             # arrival counter each, and the reduce's grid without them
-            merge, slots = hopper_merge_info(plan, self.work_info, config.hopper_merge_splits)
-            self.merge_max = triton.next_power_of_2(int(merge[:, 1].max())) if slots else 0
+            merge, tiles = hopper_merge_info(plan, self.work_info, config.hopper_merge_splits)
+            self.merge_max = triton.next_power_of_2(int(merge[:, 1].max())) if tiles else 0
             self.merge_info = merge.to(dev)
-            self.merge_counters = torch.zeros(max(1, slots), dtype=torch.int32, device=dev)
-            if slots:
+            self.merge_counters = torch.zeros(max(1, len(tiles)), dtype=torch.int32, device=dev)
+            if tiles:
                 merged = torch.zeros(self.n_tiles, dtype=torch.bool)
-                merged[merge_tiles(plan, config.hopper_merge_splits)] = True
+                merged[tiles] = True
                 keep = (counts >= 2) & ~merged
                 self.split_tiles = torch.nonzero(keep).flatten().to(device=dev, dtype=torch.int32)
 
