@@ -216,11 +216,11 @@ GPU_TARGETS: dict[str, GpuTarget] = {
         "e4m3fn",
         448.0,
         4.8,
-        # Median of the device-to-device copy bandwidth measured in each of our fifteen recorded H200 runs
+        # Median of the device-to-device copy bandwidth measured in each of our sixteen recorded H200 runs
         # (data/timings/*.csv, column copy_tbps: 3.99 to 4.14 TB/s; a test keeps it equal to that
         # median). An earlier harness
         # (research/peers_performance.md) measured 4.30 TB/s on the same kind of machine.
-        copy_tbps=4.07,
+        copy_tbps=4.08,
         copy_source="median of the copy measurements in data/timings, H200, 2026-12-02/03",
         vendor="NVIDIA",
     ),

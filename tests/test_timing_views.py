@@ -43,7 +43,7 @@ from mlalab.traffic import decode_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
-RUN10 = "h200_2026-12-03_run10.csv"  # the newest full run: the default view
+NEWEST_RUN = "h200_2026-12-03_run11.csv"  # the newest full run: the default view
 
 
 def test_readme_numbers_are_what_the_default_views_show() -> None:
@@ -55,7 +55,7 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     )
     assert m and m2, "README headline sentence not found"
     h = headline(load_recorded())
-    assert h["files"] == (RUN10,) and RUN10 in text
+    assert h["files"] == (NEWEST_RUN,) and NEWEST_RUN in text
     assert f"{h['geomean_us']:.1f}" == m.group(1) and f"{h['ratio']:.2f}" == m.group(2)
     assert f"{h['peer_geomean_us']:.1f}" == m.group(3)
     assert f"{h['pct_copy_at_shape']:.0f}" == m2.group(1) and f"{h['us_at_shape']:.1f}" == m2.group(2)
@@ -63,9 +63,9 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
     # the default figure, the report and the plan panel's record show the same row at B128 x L8192
     bars = bars_per_shape(load_recorded(), [("triton", "a8w8")])
     y = dict(zip(bars.data[0].x, bars.data[0].y))
-    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and RUN10 in bars.layout.title.text
+    assert f"{y['B128·L8192']:.1f}" == m2.group(2) and NEWEST_RUN in bars.layout.title.text
     s = section_timings(ReportOptions())
-    assert s.unavailable is None and RUN10 in s.description
+    assert s.unavailable is None and NEWEST_RUN in s.description
     ry = dict(zip(s.figures[0].data[0].x, s.figures[0].data[0].y))
     assert ry == y
     assert f"{record_for_shape(load_recorded(), 128, 8192)['us_median']:.1f}" == m2.group(2)
@@ -73,9 +73,9 @@ def test_readme_numbers_are_what_the_default_views_show() -> None:
 
 def test_default_view_is_one_run_one_config_per_shape() -> None:
     df = load_recorded()
-    assert default_run(df) == RUN10  # newest full suite run; sweeps and dev runs have no default Triton rows
+    assert default_run(df) == NEWEST_RUN  # newest full suite run; sweeps and dev runs have no default Triton rows
     v = recorded_view(df)
-    assert v.files == (RUN10,) and not v.best_of_all and (v.rows["run"] == RUN10).all()
+    assert v.files == (NEWEST_RUN,) and not v.best_of_all and (v.rows["run"] == NEWEST_RUN).all()
     assert not v.rows.duplicated(["backend", "precision", "batch", "kv_len"]).any()
     tri = v.rows[(v.rows["backend"] == "triton") & (v.rows["precision"] == "a8w8")]
     assert sorted(zip(tri["batch"], tri["kv_len"])) == sorted(COMPETITION_SHAPES)
@@ -90,7 +90,7 @@ def test_default_view_is_one_run_one_config_per_shape() -> None:
     assert "best of" in fig.layout.title.text and "best of" in fig.data[0].name
     for k in faster:  # where another run won, the row and the hover name it
         older = bt.loc[k, "source"].split(" · ")[0]
-        assert older != RUN10 and any(older in h for h in fig.data[0].hovertext)
+        assert older != NEWEST_RUN and any(older in h for h in fig.data[0].hovertext)
     # an older run can be picked explicitly; a run without default Triton rows gives a clear error downstream
     assert recorded_view(df, run="h200_2026-12-02_run1.csv").files == ("h200_2026-12-02_run1.csv",)
     with pytest.raises(ValueError, match="not recorded"):
@@ -293,5 +293,5 @@ def test_newest_file_orders_run_numbers_by_value(tmp_path: Path) -> None:
         natural_key(3)  # type: ignore[arg-type]
     # the default view: two full runs of the same date, the higher run number wins
     d = load_recorded()
-    nine = d[d["run"] == RUN10].assign(run="h200_2026-12-03_run9x.csv")
-    assert default_run(pd.concat([nine, d[d["run"] == RUN10]])) == RUN10
+    nine = d[d["run"] == NEWEST_RUN].assign(run="h200_2026-12-03_run9x.csv")
+    assert default_run(pd.concat([nine, d[d["run"] == NEWEST_RUN]])) == NEWEST_RUN
