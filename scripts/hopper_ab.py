@@ -49,6 +49,9 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2m2": (1, dict(hopper_variant="v-regs", hopper_merge_splits=2)),
     "v2m4": (1, dict(hopper_variant="v-regs", hopper_merge_splits=4)),
     "v2m8": (1, dict(hopper_variant="v-regs", hopper_merge_splits=8)),
+    # two warpgroups (8 warps) on 128-token tiles, rings of 2 / 1 such tiles (plans cut on 128 tokens)
+    "v2w": (1, dict(hopper_block=128, hopper_stages=2)),
+    "v2w1": (1, dict(hopper_block=128, hopper_stages=1)),
 }
 
 

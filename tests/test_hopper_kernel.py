@@ -26,6 +26,7 @@ from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.splitkv import PLANNERS, make_plan
 from mlalab.splitkv.triton_mla import (
     HOPPER_MAX_STAGES,
+    HOPPER_MAX_STAGES_128,
     KernelConfig,
     TritonDecoder,
     hopper_import_error,
@@ -119,17 +120,20 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_cop
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "import triton; print('V', triton.__version__)\n"
         "from mlalab.splitkv.sm90_build import compile_hopper\n"
-        "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES\n"
-        "for v in ('vt-smem', 'v-regs'):\n"
-        "  for st in range(1, HOPPER_MAX_STAGES[v] + 1):\n"
+        "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES, HOPPER_MAX_STAGES_128\n"
+        "runs = [(v, st, 64) for v in ('vt-smem', 'v-regs') for st in range(1, HOPPER_MAX_STAGES[v] + 1)]\n"
+        "runs += [('v-regs', st, 128) for st in range(1, HOPPER_MAX_STAGES_128 + 1)]  # two warpgroups\n"
+        "for v, st, blk in runs:\n"
+        "  if True:\n"
         # (the default q first, 1 stage q last; 2 stages with the one-barrier exchanges across warps; 3 / 2 with the
         # merge of <= 4 / <= 8 splits in stage 1, which the decoder refuses with 1 stage: it spills with Triton 3.6)
-        "    r = compile_hopper(st, variant=v, q_first=st != 1, warp_exchange=st == 2,\n"
-        "                       merge_max={3: 4, 2: 8}.get(st, 0))\n"
-        "    print('R', v, st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
+        "    extra = dict(warp_exchange=st == 2, merge_max={3: 4, 2: 8}.get(st, 0)) if blk == 64 else {}\n"
+        "    r = compile_hopper(st, variant=v, q_first=st != 1, block=blk, **extra)\n"
+        "    print('R', v + ('' if blk == 64 else '-128'), st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
-        "          r.sass.get('LDS.128', 0), r.sass.get('STS.128', 0), r.sass.get('STG.E.64', 0),\n"
+        "          r.sass.get('LDS.128' if blk == 64 else 'LDS.64', 0), r.sass.get('STS.128', 0),\n"
+        "          r.sass.get('STG.E.64', 0),\n"
         "          r.sass.get('MUFU.LG2', 0))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
@@ -137,21 +141,23 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_cop
     if triton_copy == "h200":
         assert "V 3.6." in r.stdout, r.stdout[:200]
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == sum(HOPPER_MAX_STAGES.values()), r.stdout
+    assert len(rows) == sum(HOPPER_MAX_STAGES.values()) + HOPPER_MAX_STAGES_128, r.stdout
     for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(stack) == 0, r.stdout  # nothing in local memory
         assert local == "0", r.stdout  # no local loads/stores, no byte-wise shared loads
         assert int(shared) <= 227 * 1024, r.stdout  # what one CTA may take on sm_90
         # 18 score (16 nope + 2 rope k-steps of 32) + 16 value (8 row blocks x 2 k-steps) fp8 wgmmas per tile
         assert int(qgmma) == 34, r.stdout
-        assert int(lds) >= 16, r.stdout  # V of a tile: 16 x 16-byte loads per thread
+        # V of a tile: 16 x 16-byte loads per thread (128-token tiles: 32 x 8-byte loads, 8 consecutive dims each)
+        assert int(lds) >= (16 if variant != "v-regs-128" else 32), r.stdout
         if variant == "vt-smem":
             assert conflicts == "0,0" and int(sts) >= 16, r.stdout  # the transpose: 16-byte stores, no conflicts
         else:
             # V goes to registers: no transposing stores (vt-smem has 32 more); what is left is the Pᵀ tile
             assert conflicts == "0" and int(sts) < 32, r.stdout
-        # the fp32 partial leaves the accumulator as 32 8-byte stores per thread (head-minor, no conversion)
-        assert int(stg64) >= 32, r.stdout
+        # the fp32 partial leaves the accumulator as 32 8-byte stores per thread (head-minor, no conversion; 16 with
+        # two warpgroups, which hold half of it each)
+        assert int(stg64) >= (32 if variant != "v-regs-128" else 16), r.stdout
         # the LSE's log2 on the SFU (one per head column a thread holds), not Triton's software log2
         assert int(lg2) >= 4, r.stdout
 
@@ -161,20 +167,46 @@ def test_partial_row_bits_match_the_epilogue_relabellings() -> None:
     """The head-minor partial store puts accumulator row m at value dim d by bit maps (`VT_ROW_BITS`,
     `VREGS_ROW_BITS`); the bf16 epilogues undo the same row orders π by register relabellings (reshape + permute).
     Both must agree, or a split request's partials land in the wrong dims."""
-    from mlalab.splitkv.gluon_hopper_vreg import VREGS_ROW_BITS, VT_ROW_BITS
-
-    def by_bits(bits: tuple[int, ...]) -> list[int]:
-        return [sum(((m >> i) & 1) << b for i, b in enumerate(bits)) for m in range(512)]
+    from mlalab.splitkv.gluon_hopper_vreg import VREGS128_ROW_BITS, VREGS_ROW_BITS, VT_ROW_BITS
 
     # natural dim d of the relabelled tensor holds accumulator row m_of_d[d] (the kernels' reshape + permute)
     for bits, m_of_d in (
         (VT_ROW_BITS.value, torch.arange(512).reshape(4, 8, 2, 8).permute(0, 3, 2, 1).reshape(512)),
         (VREGS_ROW_BITS.value, torch.arange(512).reshape(8, 4, 2, 4, 2).permute(1, 4, 3, 0, 2).reshape(512)),
+        (VREGS128_ROW_BITS.value, torch.arange(512).reshape(4, 2, 4, 2, 2, 2, 2).permute(2, 5, 4, 1, 6, 0, 3).reshape(512)),
     ):
         d_of_m = torch.empty(512, dtype=torch.long)
         d_of_m[m_of_d] = torch.arange(512)
         assert sorted(bits) == list(range(9))
-        assert by_bits(bits) == d_of_m.tolist()
+        assert _by_bits(bits, 512) == d_of_m.tolist()
+
+
+def _by_bits(bits: tuple[int, ...], n: int) -> list[int]:
+    """Index i -> the index whose bit ``bits[j]`` is bit j of i."""
+    return [sum(((i >> j) & 1) << b for j, b in enumerate(bits)) for i in range(n)]
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+@pytest.mark.parametrize("block", [64, 128])
+def test_v_operand_and_p_relabellings_agree(block: int) -> None:
+    """v-regs: the PV's A operand is V (tokens t, dims d) relabelled by reshape + permute (`_pv_operand`) so that row
+    m holds dim π(m) (the epilogue's `VREGS*_ROW_BITS`) and column k token σ(k); Pᵀ's column k (`_p_operand`) must hold
+    the same token σ(k), or each value would be weighted by another token's probability."""
+    from mlalab.splitkv.gluon_hopper_vreg import VREGS128_ROW_BITS, VREGS_ROW_BITS
+
+    v = torch.arange(block * 512).reshape(block, 512)  # element (t, d) = t·512 + d
+    if block == 128:  # (the kernel's `_pv_operand`)
+        a = v.reshape(8, 4, 4, 4, 2, 2, 2, 2, 4, 2).permute(8, 6, 3, 9, 5, 4, 7, 0, 2, 1).reshape(512, 128)
+        pi = _by_bits(VREGS128_ROW_BITS.value, 512)
+    else:
+        a = v.reshape(4, 4, 4, 4, 2, 4, 8, 2).permute(6, 3, 7, 5, 4, 0, 2, 1).reshape(512, 64)
+        pi = _by_bits(VREGS_ROW_BITS.value, 512)
+    sigma = (a[0] // 512).tolist()  # token of column k
+    assert sorted(sigma) == list(range(block))
+    assert a.tolist() == [[t * 512 + pi[m] for t in sigma] for m in range(512)]
+    # `_p_operand`: P (tokens, 16 heads) -> Pᵀ (16, tokens); element (t, n) = t
+    pt = torch.arange(block)[:, None].expand(block, 16).reshape(block // 16, 4, 4, 16).permute(0, 2, 1, 3)
+    assert pt.reshape(block, 16).permute(1, 0)[0].tolist() == sigma
 
 
 def test_cta_info_rows_and_variant_choice() -> None:
@@ -203,6 +235,17 @@ def test_cta_info_rows_and_variant_choice() -> None:
         TritonDecoder(p, plan, config=KernelConfig(hopper_refill_after_pv=1))
     with pytest.raises(ValueError, match="experiment of the sm_90 kernel.*kernel='portable'"):
         TritonDecoder(p, plan, config=KernelConfig(kernel="portable", hopper_ablate="qk"))
+    for bad, msg in [(dict(hopper_block=96), "hopper_block must be 64 or 128"),
+                     (dict(hopper_block=True), "hopper_block must be 64 or 128"),
+                     (dict(hopper_block=128, hopper_variant="vt-smem"), "written for the v-regs path"),
+                     (dict(hopper_block=128, hopper_merge_splits=4), "written for the v-regs path"),
+                     (dict(hopper_block=128, hopper_warp_exchange=True), "written for the v-regs path"),
+                     (dict(hopper_block=128), "at most 2 tiles of 128 tokens")]:  # (default 3 stages)  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            TritonDecoder(p, plan, config=KernelConfig(**bad))
+    # 128-token tiles need pages of a multiple of 128 (or page size 1 with the identity table)
+    paged = prepare(make_inputs(DecodeCase(kv_lens=(300, 70), page_size=64)), "a8w8")
+    assert "multiple of 128" in hopper_unsupported(paged, None, block=128)
 
 
 def test_merge_info_picks_small_one_row_splits_and_names_their_rows() -> None:
@@ -262,6 +305,9 @@ _CONFIGS = {
     # requests split in <= 4 merged inside stage 1 by their last CTA (the others through the reduce)
     "v-regs-merge-4": KernelConfig(hopper_variant="v-regs", hopper_merge_splits=4),
     "vt-smem-merge-4": KernelConfig(hopper_variant="vt-smem", hopper_merge_splits=4),
+    # two warpgroups on 128-token tiles (plans cut on 64 leave half-empty tiles: masked)
+    "v-regs-block128-2-stages": KernelConfig(hopper_block=128, hopper_stages=2),
+    "v-regs-block128-1-stage": KernelConfig(hopper_block=128, hopper_stages=1),
 }
 
 
@@ -304,12 +350,13 @@ def test_gpu_paged_64_permuted_with_nan_in_unused_slots(planner: str, variant: s
     from mlalab.backends.triton import build_plan
 
     lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
-    x = make_inputs(DecodeCase(kv_lens=lens, page_size=64, permute_pages=True, seed=9)).to("cuda")
+    ps = _CONFIGS[variant].hopper_block  # (128-token tiles need pages of 128)
+    x = make_inputs(DecodeCase(kv_lens=lens, page_size=ps, permute_pages=True, seed=9)).to("cuda")
     p = prepare(x, "a8w8")
     assert not p.contiguous
     clean = dataclasses.replace(p, kv=p.kv.clone())
     # the unused slots of every last page hold NaN codes: the kernel must never let them reach the output
-    kv = p.kv.view(-1, 64, p.kv.shape[-1])
+    kv = p.kv.view(-1, ps, p.kv.shape[-1])
     pages = x.kv_indices.long()
     for b in range(len(lens)):
         s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])

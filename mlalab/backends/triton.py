@@ -105,7 +105,7 @@ def make_callable(
         and knobs.get("kernel", "auto") != "portable"
         and hopper_unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype) is None
     ):
-        plan_knobs["block"] = HOPPER_PLAN_BLOCK
+        plan_knobs["block"] = 128 if knobs.get("hopper_block") == 128 else HOPPER_PLAN_BLOCK  # cuts on whole tiles
     if plan is None:
         plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     cfg = KernelConfig(**knobs)

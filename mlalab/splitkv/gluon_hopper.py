@@ -329,8 +329,9 @@ def _stage1_kernel(
     MERGE_MAX: gl.constexpr,  # 0, or a power of two: requests split in <= MERGE_MAX merged here by their last CTA
     num_warps: gl.constexpr,
 ):  # fmt: skip
-    gl.static_assert(num_warps == 4, "one warpgroup per CTA")
-    gl.static_assert(BLOCK_N == 64, "the V layouts are written for 64-token tiles")
+    gl.static_assert(num_warps * 16 == BLOCK_N, "one warpgroup per 64 tokens of a tile (4 warps x 16 rows)")
+    gl.static_assert(BLOCK_N == 64 or (BLOCK_N == 128 and V_IN_REGS and not WARP_XCHG and MERGE_MAX == 0),
+                     "the V layouts are written for 64-token tiles, and 128-token tiles on the v-regs path")
     gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     gl.static_assert(NUM_STAGES <= 5 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
@@ -363,9 +364,10 @@ def _stage1_kernel(
     n_tiles = t_end - t_begin
 
     # wgmma accumulators (Sᵀ: 64 × NQ, Oᵀ: 512 × NQ): 4 warps along M, N = NQ (16 heads) per instruction
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NQ, 32])
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, NQ, 32])  # fmt: skip
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
-    T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)  # 64-B rows
+    T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N, element_bitwidth=8, rank=2)  # a row
     fp8: gl.constexpr = kn_desc.dtype
 
     kn_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
@@ -457,7 +459,7 @@ def _stage1_kernel(
                 s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
             # ... while the CUDA cores load this tile's V: into the PV's A-operand registers, or transposed into Vᵀ
             if V_IN_REGS:
-                v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT)
+                v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT, BLOCK_N)
                 s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
             else:
                 v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL, REPORT)
@@ -481,7 +483,7 @@ def _stage1_kernel(
             m_i = m_new
             pb = it % 2
             if V_IN_REGS:
-                p_smem.index(pb).store(_p_operand(p, fp8, NQ))  # P rounded to the KV's fp8 type (aiter's a8w8)
+                p_smem.index(pb).store(_p_operand(p, fp8, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
             else:
                 p_smem.index(pb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
@@ -516,7 +518,7 @@ def _stage1_kernel(
             _stamp(tl_row + (gl.sum(l_sum, axis=0) < 0.0).to(gl.int64), 6)
         if V_IN_REGS:
             _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
-                              H, NQ, D_NOPE)  # fmt: skip
+                              H, NQ, D_NOPE, BLOCK_N)  # fmt: skip
         else:
             _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                            H, NQ, D_NOPE)  # fmt: skip
@@ -552,9 +554,10 @@ def _stage1_kernel(
 stage1_kernel = _stage1_kernel
 
 
-def make_descriptors(q2d, kv, nq: int) -> tuple:
+def make_descriptors(q2d, kv, nq: int, block_n: int = BLOCK_N) -> tuple:
     """TMA descriptors ``(qn, qr, kn, kr)`` of q viewed as ``(total_q·16, 576)`` and the KV rows ``(rows, 576)``
-    (both fp8, contiguous): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `BLOCK_N` tokens."""
+    (both fp8, contiguous): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `block_n` tokens (64, or 128 for
+    the two-warpgroup tile)."""
     rows, d = int(kv.shape[0]), int(kv.shape[1])
     nope, rope = 512, d - 512
     L128 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
@@ -562,6 +565,6 @@ def make_descriptors(q2d, kv, nq: int) -> tuple:
     qrows = int(q2d.shape[0])
     qn = TensorDescriptor(q2d, [qrows, nope], [d, 1], [nq, nope], L128)
     qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d, 1], [nq, rope], L64)
-    kn = TensorDescriptor(kv, [rows, nope], [d, 1], [BLOCK_N, nope], L128)
-    kr = TensorDescriptor(kv[:, nope:], [rows, rope], [d, 1], [BLOCK_N, rope], L64)
+    kn = TensorDescriptor(kv, [rows, nope], [d, 1], [block_n, nope], L128)
+    kr = TensorDescriptor(kv[:, nope:], [rows, rope], [d, 1], [block_n, rope], L64)
     return qn, qr, kn, kr

@@ -58,10 +58,35 @@ _O_STORE = gl.DistributedLinearLayout(
     shape=[512, 16],
 )
 
+#: The 128-token tile of two warpgroups (``BLOCK_N=128``, 8 warps; `KernelConfig.hopper_block`): the PV's A operand
+#: (512 rows m, 128 tokens k) puts m4, m5, m6 on the 8 warps, so a third value-dim bit moves from the registers to the
+#: warps and each thread loads 8 consecutive dims (8-byte loads) of 32 tokens. The lanes (t0, t1, d3, d6, d5) make each
+#: 16-lane phase of an 8-byte load hit 8 distinct 16-byte chunks of the 128-byte swizzle x both halves of a chunk: 0
+#: conflicts (counted at compile time with ``REPORT``). Relabelling: m = (d2 d1, d4, d8 d7, d0, d5, d6, d3) and
+#: k = (t6 t5 t4, t1 t0, t3 t2), most significant first.
+_V_REGS_128 = gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [4, 0], [8, 0], [16, 0], [32, 0], [64, 0]],
+    lane_bases=[[1, 0], [2, 0], [0, 8], [0, 64], [0, 32]],
+    warp_bases=[[0, 128], [0, 256], [0, 16]],
+    block_bases=[],
+    shape=[128, 512],
+)
+
+#: `_O_STORE` of the 8-warp tile: the accumulator's lanes and warps relabelled by π (lanes n1, n2, d3, d6, d5; warps
+#: d7, d8, d4), registers ordered so each thread's 8 consecutive dims come first (16-byte stores of bf16).
+_O_STORE_128 = gl.DistributedLinearLayout(
+    reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]],
+    lane_bases=[[0, 2], [0, 4], [8, 0], [64, 0], [32, 0]],
+    warp_bases=[[128, 0], [256, 0], [16, 0]],
+    block_bases=[],
+    shape=[512, 16],
+)
+
 #: Row m of the Oᵀ accumulator holds value dim d: bit i of m is bit ``ROW_BITS[i]`` of d (the π of each path, as the
-#: epilogues' register relabellings undo it): v-regs (`_pv_operand`) and vt-smem (bits 0-2 and 4-6 swapped,
+#: epilogues' register relabellings undo it): v-regs (`_pv_operand`; 64- and 128-token tiles) and vt-smem (bits 0-2 and 4-6 swapped,
 #: `gluon_hopper._load_v`). `tests/test_hopper_kernel.py` checks both against those relabellings.
 VREGS_ROW_BITS = gl.constexpr((6, 4, 5, 0, 7, 8, 1, 2, 3))
+VREGS128_ROW_BITS = gl.constexpr((3, 6, 5, 0, 7, 8, 4, 1, 2))  # the 8-warp tile's π
 VT_ROW_BITS = gl.constexpr((4, 5, 6, 3, 0, 1, 2, 7, 8))
 
 
@@ -90,48 +115,67 @@ def _normaliser(m_i, l, v_scale):
 
 
 @gluon.jit
-def _pv_operand(kn, start, kv_end, DOT_A: gl.constexpr, MASK_TAIL: gl.constexpr, REPORT: gl.constexpr):
+def _pv_operand(kn, start, kv_end, DOT_A: gl.constexpr, MASK_TAIL: gl.constexpr, REPORT: gl.constexpr,
+                BLOCK_N: gl.constexpr = 64):  # fmt: skip
     """Vᵀ of the tile in `kn` as the register A operand of the PV wgmma: (512 rows m, 64 tokens k).
 
     Loaded in `_V_REGS`, then relabelled: row m holds value dim ``d = π(m)`` and column k token ``t = σ(k)``, with
     ``π: m0..m8 -> d6 d4 d5 d0 d7 d8 d1 d2 d3`` and ``σ`` swapping token bits (0, 1) with (2, 3). Pᵀ uses the same
     token order σ (`_p_operand`) and the epilogue undoes π (`_store_work_vregs`). ``MASK_TAIL`` (paged caches): tokens
     past the work's end are zeroed, since a page's unused slots may hold anything and 0 · NaN would poison Oᵀ."""
-    v = kn.load(_V_REGS)
+    if BLOCK_N == 128:
+        V_L: gl.constexpr = _V_REGS_128
+    else:
+        V_L: gl.constexpr = _V_REGS
+    v = kn.load(V_L)
     if REPORT:  # compile-time count for `sm90_build` (printed by the compiler, not at run time)
         gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
-    if MASK_TAIL and start + 64 > kv_end:
-        offs_t = gl.arange(0, 64, layout=gl.SliceLayout(1, _V_REGS))
+    if MASK_TAIL and start + BLOCK_N > kv_end:
+        offs_t = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, V_L))
         v = gl.where(((start + offs_t) < kv_end)[:, None], v, gl.zeros_like(v))
     # t = (X = t5 t4, Y = t3 t2, Z = t1 t0), d = (A = d8 d7, B = d6, C = d5 d4, D = d3 d2 d1, E = d0);
     # m = (D, A, E, C, B) and k = (X, Z, Y), most significant first
-    v = v.reshape([4, 4, 4, 4, 2, 4, 8, 2]).permute([6, 3, 7, 5, 4, 0, 2, 1]).reshape([512, 64])
+    if BLOCK_N == 128:  # t = (A = t6 t5 t4, B = t3 t2, C = t1 t0), d = (D = d8 d7, E, F, G, H = d6 .. d3, I = d2 d1,
+        # J = d0); m = (I, G, D, J, F, E, H) and k = (A, C, B)
+        v = v.reshape([8, 4, 4, 4, 2, 2, 2, 2, 4, 2]).permute([8, 6, 3, 9, 5, 4, 7, 0, 2, 1]).reshape([512, 128])
+    else:
+        v = v.reshape([4, 4, 4, 4, 2, 4, 8, 2]).permute([6, 3, 7, 5, 4, 0, 2, 1]).reshape([512, 64])
     return gl.convert_layout(v, DOT_A)
 
 
 @gluon.jit
-def _p_operand(p, fp8: gl.constexpr, NQ: gl.constexpr):
-    """Pᵀ (NQ, 64 tokens) in fp8 with the token order σ of `_pv_operand` (column k holds token σ(k))."""
-    return p.to(fp8).reshape([4, 4, 4, NQ]).permute([0, 2, 1, 3]).reshape([64, NQ]).permute([1, 0])
+def _p_operand(p, fp8: gl.constexpr, NQ: gl.constexpr, BLOCK_N: gl.constexpr = 64):
+    """Pᵀ (NQ, BLOCK_N tokens) in fp8 with the token order σ of `_pv_operand` (column k holds token σ(k)): token bits
+    (1, 0) and (3, 2) swapped, the higher ones in place."""
+    p8 = p.to(fp8).reshape([BLOCK_N // 16, 4, 4, NQ]).permute([0, 2, 1, 3])
+    return p8.reshape([BLOCK_N, NQ]).permute([1, 0])
 
 
 @gluon.jit
 def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
-                H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
+                H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_N: gl.constexpr = 64):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
     lse, scale = _normaliser(m_i, l_sum, v_scale)
     o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
-        # row m of Oᵀ holds value dim π(m): relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E)
-        o_nat = o.reshape([8, 4, 2, 4, 2, NQ]).permute([1, 4, 3, 0, 2, 5]).reshape([D_NOPE, NQ])
-        ob = gl.convert_layout(o_nat, _O_STORE)
-        offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, _O_STORE))
-        offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, _O_STORE))
+        if BLOCK_N == 128:  # m = (d2 d1, d4, d8 d7, d0, d5, d6, d3) -> natural d
+            o_nat = o.reshape([4, 2, 4, 2, 2, 2, 2, NQ]).permute([2, 5, 4, 1, 6, 0, 3, 7]).reshape([D_NOPE, NQ])
+            O_L: gl.constexpr = _O_STORE_128
+        else:  # row m of Oᵀ holds value dim π(m): relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E)
+            o_nat = o.reshape([8, 4, 2, 4, 2, NQ]).permute([1, 4, 3, 0, 2, 5]).reshape([D_NOPE, NQ])
+            O_L: gl.constexpr = _O_STORE
+        ob = gl.convert_layout(o_nat, O_L)
+        offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, O_L))
+        offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, O_L))
         base = qo_start.to(gl.int64) * H
         gl.store(OUT + (base + offs_n[None, :]) * D_NOPE + offs_d[:, None], ob.to(OUT.dtype.element_ty))
         gl.store(OUT_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)
     else:  # one split of it: fp32 partial at the plan's partial row, head-minor
-        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, VREGS_ROW_BITS, D_NOPE, NQ)
+        if BLOCK_N == 128:
+            ROW_BITS: gl.constexpr = VREGS128_ROW_BITS
+        else:
+            ROW_BITS: gl.constexpr = VREGS_ROW_BITS
+        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, ROW_BITS, D_NOPE, NQ)
 
 
 @gluon.jit

@@ -89,11 +89,13 @@ def compile_hopper(
     q_first: bool = True,
     warp_exchange: bool = False,
     merge_max: int = 0,
+    block: int = 64,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
-    ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two); see the module docstring."""
+    ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two; ``block``: its ``BLOCK_N``, 64 (one warpgroup)
+    or 128 (two, v-regs only)); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -106,13 +108,16 @@ def compile_hopper(
     for name, flag in (("refill_after_pv", refill_after_pv), ("q_first", q_first), ("warp_exchange", warp_exchange)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    from .triton_mla import HOPPER_INFO_COLS, HOPPER_MAX_STAGES
+    from .triton_mla import HOPPER_BLOCKS, HOPPER_INFO_COLS, HOPPER_MAX_STAGES, HOPPER_MAX_STAGES_128
 
     if merge_max not in (0, 2, 4, 8) or isinstance(merge_max, bool):
         raise ValueError(f"merge_max must be 0, 2, 4 or 8, got {merge_max!r}")
 
-    if not 1 <= stages <= HOPPER_MAX_STAGES[variant]:
-        raise ValueError(f"stages must be 1 to {HOPPER_MAX_STAGES[variant]} on the {variant} path, got {stages!r}")
+    if block not in HOPPER_BLOCKS or isinstance(block, bool):
+        raise ValueError(f"block must be one of {HOPPER_BLOCKS}, got {block!r}")
+    most = HOPPER_MAX_STAGES[variant] if block == 64 else HOPPER_MAX_STAGES_128
+    if not 1 <= stages <= most:
+        raise ValueError(f"stages must be 1 to {most} on the {variant} path with {block}-token tiles, got {stages!r}")
 
     driver.set_active(_Sm90Driver())
     q = torch.zeros(4 * 16, 576, dtype=torch.float8_e4m3fn)
@@ -128,12 +133,12 @@ def compile_hopper(
         with contextlib.redirect_stdout(printed):  # gl.static_print: the bank-conflict counts
             plan_args = (i32(132 * HOPPER_INFO_COLS), i32(8 * 8), i32(64))  # CTA_INFO, WORK_INFO, TILE_ROWS
             ck = G.stage1_kernel.warmup(
-                *G.make_descriptors(q, kv, 16), *plan_args, out, lse, po, pl, one,
+                *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one,
                 one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16, NQ=16,
-                D_NOPE=512, D_ROPE=64, BLOCK_N=G.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
+                D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
                 ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, WARP_XCHG=warp_exchange,
-                INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True, num_warps=4, grid=(1,),
+                INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True, num_warps=block // 16, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

@@ -196,7 +196,10 @@ class KernelConfig:
     on a GPU** (2026-12-03): expected to pay off for 2-4 splits (batch 32-64), where the reduce's latency chain
     (+2.4-3.4 us) is replaced by one fence, one atomic and one L2 round trip of 2-4 partials; with 8 (batch 16) the
     merging CTA reads 7 partials (224 KB), which may cost what it saves. ``hopper_stages``: the TMA ring's depth, 1 to
-    `HOPPER_MAX_STAGES` of the path. The knobs below belong to the portable kernel.
+    `HOPPER_MAX_STAGES` of the path. ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128
+    (two warpgroups, 8 warps, on one 128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange
+    or merge; a plan cut on multiples of 128 tokens avoids half-empty tiles). The knobs below belong to the portable
+    kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
@@ -216,6 +219,7 @@ class KernelConfig:
     hopper_q_first: bool = True
     hopper_warp_exchange: bool = False
     hopper_merge_splits: int = 0
+    hopper_block: int = 64
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -238,7 +242,7 @@ def hopper_import_error() -> str | None:
 
 
 def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_exact: bool = False,
-                       out_dtype: torch.dtype = torch.bfloat16) -> str | None:  # fmt: skip
+                       out_dtype: torch.dtype = torch.bfloat16, block: int = 64) -> str | None:  # fmt: skip
     """Why the sm_90 Gluon kernel cannot run these inputs and plan (None when it can): first what the inputs ask
     for, then what this machine lacks. `work_info`: the plan's works (`token_work_info`); None = before any plan
     exists, judging q rows per request from ``qo_indptr`` (the planners never split a request's q rows).
@@ -251,9 +255,9 @@ def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None,
         return "production numerics only (bf16 output, fp8 products): exact mode runs on the portable kernel"
     if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != MLA.qk_dim:
         return f"written for {MLA.num_heads} heads x {MLA.qk_dim} dims"
-    if not (prepared.contiguous and prepared.page_size == 1) and prepared.page_size % 64:
-        return (f"tiles of 64 tokens must be contiguous rows: page size 1 with the identity page table, or a "
-                f"page size that is a multiple of 64 (got page size {prepared.page_size}, "
+    if not (prepared.contiguous and prepared.page_size == 1) and prepared.page_size % block:
+        return (f"tiles of {block} tokens must be contiguous rows: page size 1 with the identity page table, or a "
+                f"page size that is a multiple of {block} (got page size {prepared.page_size}, "
                 f"{'identity' if prepared.contiguous else 'permuted'} page table)")  # fmt: skip
     if work_info is None:
         q_rows = prepared.qo_indptr[1:] - prepared.qo_indptr[:-1]
@@ -314,6 +318,14 @@ HOPPER_LONG_STREAM = 1
 #: The deepest TMA ring of each sm_90 path (`KernelConfig.hopper_stages`): a stage holds a 64-token tile (36 KB);
 #: vt-smem also keeps two 32 KB Vᵀ buffers, so 3 stages fill its 227 KB of shared memory; v-regs fits 5.
 HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5}
+
+#: Tokens per tile of the sm_90 stage 1 (`KernelConfig.hopper_block`): 64 = one warpgroup (4 warps) per CTA; 128 =
+#: two warpgroups (8 warps) on one 128-token tile, each computing the scores of 64 tokens and half of the 512 value rows,
+#: so the per-tile chain (softmax, V operand, epilogue) has two warps per scheduler; v-regs only.
+HOPPER_BLOCKS = (64, 128)
+
+#: The deepest ring of 128-token tiles (74 KB a stage): 2 (plus q, P and the reductions' scratch in 227 KB).
+HOPPER_MAX_STAGES_128 = 2
 
 #: Columns of `hopper_cta_info`'s table: 5 + the rows of the deepest ring's first tiles.
 HOPPER_INFO_COLS = 5 + max(HOPPER_MAX_STAGES.values())
@@ -430,6 +442,15 @@ class TritonDecoder:
         if config.hopper_merge_splits and config.hopper_stages == 1:
             raise ValueError("hopper_merge_splits needs hopper_stages >= 2 (with a 1-stage ring the merge spills "
                              "registers on sm_90 with Triton 3.6)")  # fmt: skip
+        if config.hopper_block not in HOPPER_BLOCKS or isinstance(config.hopper_block, bool):
+            raise ValueError(f"hopper_block must be 64 or 128 (tokens per tile), got {config.hopper_block!r}")
+        if config.hopper_block == 128:
+            if config.hopper_variant == "vt-smem" or config.hopper_warp_exchange or config.hopper_merge_splits:
+                raise ValueError("hopper_block=128 (two warpgroups) is written for the v-regs path without "
+                                 "hopper_warp_exchange or hopper_merge_splits")  # fmt: skip
+            if config.hopper_stages > HOPPER_MAX_STAGES_128:
+                raise ValueError(f"hopper_block=128 holds at most {HOPPER_MAX_STAGES_128} tiles of 128 tokens in shared "
+                                 f"memory (hopper_stages={config.hopper_stages})")  # fmt: skip
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
@@ -440,7 +461,8 @@ class TritonDecoder:
         self.pv_exact = bool(pv_exact or (K.INTERPRET and prepared.precision is not Precision.A8W8))
         why_not = None
         if config.kernel != "portable":
-            why_not = hopper_unsupported(prepared, work_info, pv_exact=self.pv_exact, out_dtype=out_dtype)
+            why_not = hopper_unsupported(prepared, work_info, pv_exact=self.pv_exact, out_dtype=out_dtype,
+                                         block=config.hopper_block)  # fmt: skip
             if why_not is not None and config.kernel == "hopper":
                 raise ValueError(f"kernel='hopper' cannot run here: {why_not}")
         #: which stage-1 kernel runs ("hopper" or "portable") and, for "auto", why not hopper (None: it runs)
@@ -450,6 +472,7 @@ class TritonDecoder:
                              f"run here ({why_not or 'kernel=' + repr(config.kernel)})")  # fmt: skip
         self.hopper_reason = why_not
         self.hopper_variant: str | None = None  # set below when the hopper kernel runs
+        self.block = config.hopper_block  # tokens per tile of the sm_90 stage 1
         self.merge_max = 0  # (hopper: partials of the largest request stage 1 merges itself, a power of two)
         dev = prepared.q.device
         if dev.type == "cpu" and not K.INTERPRET:
@@ -487,14 +510,15 @@ class TritonDecoder:
         if self.kernel == "hopper":
             from . import gluon_hopper
 
-            t_indptr, t_rows = hopper_tiles(prepared, plan.work_indptr, self.work_info, gluon_hopper.BLOCK_N)
+            t_indptr, t_rows = hopper_tiles(prepared, plan.work_indptr, self.work_info, self.block)
             most_tiles = int(t_indptr.diff().max()) if t_indptr.numel() > 1 else 0
             #: which sm_90 kernel runs (`HOPPER_VARIANTS`); "auto" picks by the plan's longest tile stream
             self.hopper_variant = config.hopper_variant
             if self.hopper_variant == "auto":
                 # (a ring deeper than vt-smem holds: v-regs, even for a plan without tiles)
                 deep = config.hopper_stages > HOPPER_MAX_STAGES["vt-smem"]
-                self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM or deep else "vt-smem"
+                wide = config.hopper_block == 128
+                self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM or deep or wide else "vt-smem"
             if config.hopper_stages > HOPPER_MAX_STAGES[self.hopper_variant]:
                 raise ValueError(f"hopper_stages={config.hopper_stages}: the {self.hopper_variant} path holds at most "
                                  f"{HOPPER_MAX_STAGES[self.hopper_variant]} tiles in shared memory")  # fmt: skip
@@ -521,6 +545,8 @@ class TritonDecoder:
         name = self.kernel if self.hopper_variant is None else f"{self.kernel}:{self.hopper_variant}"
         if self.kernel == "hopper" and self.merge_max:
             name += f"+merge{self.config.hopper_merge_splits}"
+        if self.kernel == "hopper" and self.config.hopper_block != 64:
+            name += f"+block{self.config.hopper_block}"
         return name if self.config.hopper_ablate == "none" else f"{name}+ablate:{self.config.hopper_ablate}"
 
     def __call__(
@@ -587,18 +613,18 @@ class TritonDecoder:
         descs = self._descs.get(key)
         if descs is None:  # one set of TMA descriptors per (q, kv) buffer pair, e.g. per rotated KV copy
             if kv.shape[0] == 0:  # every request empty: no tile is read, but a TMA descriptor needs a non-empty box
-                kv = torch.zeros((self.G.BLOCK_N, kv.shape[-1]), dtype=kv.dtype, device=kv.device)
+                kv = torch.zeros((self.block, kv.shape[-1]), dtype=kv.dtype, device=kv.device)
                 self._empty_kv = kv  # (kept alive with its descriptor)
-            descs = self.G.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads)
+            descs = self.G.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads, self.block)
             self._descs[key] = descs
         p, c = self.p, self.config
-        kw = dict(H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.G.BLOCK_N,
+        kw = dict(H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.block,
                   NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
                   LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                   Q_FIRST=c.hopper_q_first, WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
-                  MERGE_MAX=self.merge_max, num_warps=4)  # fmt: skip
+                  MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
         self.G.stage1_kernel[(self.n_cu,)](
