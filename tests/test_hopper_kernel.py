@@ -129,7 +129,8 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_cop
         # merge of <= 4 / <= 8 splits in stage 1, which the decoder refuses with 1 stage: it spills with Triton 3.6)
         "    extra = dict(warp_exchange=st == 2, merge_max={3: 4, 2: 8}.get(st, 0)) if blk == 64 else {}\n"
         "    r = compile_hopper(st, variant=v, q_first=st != 1, block=blk, **extra)\n"
-        "    print('R', v + ('' if blk == 64 else '-128'), st, r.registers, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
+        "    print('R', v + ('' if blk == 64 else '-128'), st, r.registers, r.stack_bytes, r.shared_bytes,\n"
+        "          ','.join(map(str, r.bank_conflicts)),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith('QGMMA.64x16x32.F32.E4M3.E4M3')),\n"
         "          sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL', 'LDS.U8', 'LDS.S8'))),\n"
         "          r.sass.get('LDS.128' if blk == 64 else 'LDS.64', 0), r.sass.get('STS.128', 0),\n"
@@ -173,7 +174,10 @@ def test_partial_row_bits_match_the_epilogue_relabellings() -> None:
     for bits, m_of_d in (
         (VT_ROW_BITS.value, torch.arange(512).reshape(4, 8, 2, 8).permute(0, 3, 2, 1).reshape(512)),
         (VREGS_ROW_BITS.value, torch.arange(512).reshape(8, 4, 2, 4, 2).permute(1, 4, 3, 0, 2).reshape(512)),
-        (VREGS128_ROW_BITS.value, torch.arange(512).reshape(4, 2, 4, 2, 2, 2, 2).permute(2, 5, 4, 1, 6, 0, 3).reshape(512)),
+        (
+            VREGS128_ROW_BITS.value,
+            torch.arange(512).reshape(4, 2, 4, 2, 2, 2, 2).permute(2, 5, 4, 1, 6, 0, 3).reshape(512),
+        ),
     ):
         d_of_m = torch.empty(512, dtype=torch.long)
         d_of_m[m_of_d] = torch.arange(512)

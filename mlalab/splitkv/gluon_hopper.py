@@ -330,8 +330,10 @@ def _stage1_kernel(
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps * 16 == BLOCK_N, "one warpgroup per 64 tokens of a tile (4 warps x 16 rows)")
-    gl.static_assert(BLOCK_N == 64 or (BLOCK_N == 128 and V_IN_REGS and not WARP_XCHG and MERGE_MAX == 0),
-                     "the V layouts are written for 64-token tiles, and 128-token tiles on the v-regs path")
+    gl.static_assert(
+        BLOCK_N == 64 or (BLOCK_N == 128 and V_IN_REGS and not WARP_XCHG and MERGE_MAX == 0),
+        "the V layouts are written for 64-token tiles, and 128-token tiles on the v-regs path",
+    )
     gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     gl.static_assert(NUM_STAGES <= 5 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")

@@ -83,8 +83,8 @@ _O_STORE_128 = gl.DistributedLinearLayout(
 )
 
 #: Row m of the Oᵀ accumulator holds value dim d: bit i of m is bit ``ROW_BITS[i]`` of d (the π of each path, as the
-#: epilogues' register relabellings undo it): v-regs (`_pv_operand`; 64- and 128-token tiles) and vt-smem (bits 0-2 and 4-6 swapped,
-#: `gluon_hopper._load_v`). `tests/test_hopper_kernel.py` checks both against those relabellings.
+#: epilogues' register relabellings undo it): v-regs (`_pv_operand`; 64- and 128-token tiles) and vt-smem (bits 0-2
+#: and 4-6 swapped, `gluon_hopper._load_v`). `tests/test_hopper_kernel.py` checks both against those relabellings.
 VREGS_ROW_BITS = gl.constexpr((6, 4, 5, 0, 7, 8, 1, 2, 3))
 VREGS128_ROW_BITS = gl.constexpr((3, 6, 5, 0, 7, 8, 4, 1, 2))  # the 8-warp tile's π
 VT_ROW_BITS = gl.constexpr((4, 5, 6, 3, 0, 1, 2, 7, 8))
