@@ -52,10 +52,6 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # two warpgroups (8 warps) on 128-token tiles, rings of 2 / 1 such tiles (plans cut on 128 tokens)
     "v2w": (1, dict(hopper_block=128, hopper_stages=2)),
     "v2w1": (1, dict(hopper_block=128, hopper_stages=1)),
-    # the next tile's QK issued before this tile's softmax (3 / 4 stages; with 128-token tiles, 2)
-    "v2a": (1, dict(hopper_qk_ahead=True)),
-    "v2a4": (1, dict(hopper_qk_ahead=True, hopper_stages=4)),
-    "v2wa": (1, dict(hopper_qk_ahead=True, hopper_block=128, hopper_stages=2)),
 }
 
 

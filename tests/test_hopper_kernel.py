@@ -244,10 +244,7 @@ def test_cta_info_rows_and_variant_choice() -> None:
                      (dict(hopper_block=128, hopper_variant="vt-smem"), "written for the v-regs path"),
                      (dict(hopper_block=128, hopper_merge_splits=4), "written for the v-regs path"),
                      (dict(hopper_block=128, hopper_warp_exchange=True), "written for the v-regs path"),
-                     (dict(hopper_block=128), "at most 2 tiles of 128 tokens"),  # (default 3 stages)
-                     (dict(hopper_qk_ahead=True, hopper_stages=1), "hopper_qk_ahead is written for"),
-                     (dict(hopper_qk_ahead=True, hopper_variant="vt-smem"), "hopper_qk_ahead is written for"),
-                     (dict(hopper_qk_ahead=True, hopper_ablate="qk"), "hopper_qk_ahead is written for")]:  # fmt: skip
+                     (dict(hopper_block=128), "at most 2 tiles of 128 tokens")]:  # (default 3 stages)  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             TritonDecoder(p, plan, config=KernelConfig(**bad))
     # 128-token tiles need pages of a multiple of 128 (or page size 1 with the identity table)
@@ -315,10 +312,6 @@ _CONFIGS = {
     # two warpgroups on 128-token tiles (plans cut on 64 leave half-empty tiles: masked)
     "v-regs-block128-2-stages": KernelConfig(hopper_block=128, hopper_stages=2),
     "v-regs-block128-1-stage": KernelConfig(hopper_block=128, hopper_stages=1),
-    # the next tile's QK before this tile's softmax
-    "v-regs-qk-ahead": KernelConfig(hopper_qk_ahead=True),
-    "v-regs-qk-ahead-2-stages": KernelConfig(hopper_qk_ahead=True, hopper_stages=2),
-    "v-regs-block128-qk-ahead": KernelConfig(hopper_qk_ahead=True, hopper_block=128, hopper_stages=2),
 }
 
 

@@ -327,8 +327,7 @@ def _stage1_kernel(
     WARP_XCHG: gl.constexpr,  # maxima / softmax sums across the 4 warps with one barrier each (`_across_warps`)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     MERGE_MAX: gl.constexpr,  # 0, or a power of two: requests split in <= MERGE_MAX merged here by their last CTA
-    QK_AHEAD: gl.constexpr = False,  # v-regs: tile i+1's QK issued before tile i's softmax (overlaps it)
-    num_warps: gl.constexpr = 4,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps * 16 == BLOCK_N, "one warpgroup per 64 tokens of a tile (4 warps x 16 rows)")
     gl.static_assert(
@@ -336,10 +335,6 @@ def _stage1_kernel(
         "the V layouts are written for 64-token tiles, and 128-token tiles on the v-regs path",
     )
     gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
-    gl.static_assert(
-        not QK_AHEAD or (V_IN_REGS and ABLATE == 0 and not WARP_XCHG and NUM_STAGES >= 2),
-        "QK_AHEAD: v-regs, >= 2 stages (tile i+1 must be in the ring with tile i), no ablation",
-    )
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     gl.static_assert(NUM_STAGES <= 5 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
@@ -444,129 +439,74 @@ def _stage1_kernel(
         m_i = gl.full([NQ], float("-inf"), gl.float32, gl.SliceLayout(0, ACC))
         l_acc = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
         o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC))
-        if QK_AHEAD:
-            # The scores of tile i+1 go to the tensor cores before tile i's softmax, so QK(i+1) runs while the CUDA
-            # cores do softmax(i); the work's first tile is scored here, before its loop.
-            if kv_start < kv_end:
-                mbarrier.wait(ready.index(it % NUM_STAGES), (it // NUM_STAGES) & 1)
-            s_acc = warpgroup_mma(kn_smem.index(it % NUM_STAGES), q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC),
-                                  use_acc=False, is_async=True)  # fmt: skip
-            s_acc = warpgroup_mma(kr_smem.index(it % NUM_STAGES), q_rope_t, s_acc, is_async=True)
-            s_acc = warpgroup_mma_wait(0, deps=(s_acc,))
-            for start in range(kv_start, kv_end, BLOCK_N):
-                # (QK_AHEAD, v-regs) tile it: its scores are in s_acc; PV(it-1) may still run
-                row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
-                s = it % NUM_STAGES
-                kn = kn_smem.index(s)
-                o_cur = warpgroup_mma_wait(0, deps=(o_acc,))  # PV(it-1) done: its V registers and P buffer are free
-                if TIMELINE:  # noqa: SIM102
-                    if it < TIMELINE_MAX:
-                        _stamp(tl_row, 8 + it)
-                # QK of the next tile on the tensor cores (the next stage's contents when the work has no next tile: the
-                # result is then never used, and the next work scores its first tile itself)
-                sn = (it + 1) % NUM_STAGES
-                if start + BLOCK_N < kv_end:
-                    mbarrier.wait(ready.index(sn), ((it + 1) // NUM_STAGES) & 1)
-                s_nx = warpgroup_mma(kn_smem.index(sn), q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC),
-                                     use_acc=False, is_async=True)  # fmt: skip
-                s_nx = warpgroup_mma(kr_smem.index(sn), q_rope_t, s_nx, is_async=True)
-                v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT, BLOCK_N)  # V(it), while QK(it+1) runs
-                if TIMELINE:  # noqa: SIM102
-                    if it < TIMELINE_MAX:
-                        _stamp(tl_row, 8 + TIMELINE_MAX + it)
-                sc = s_acc * qk_scale
-                sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
+        for start in range(kv_start, kv_end, BLOCK_N):
+            row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
+            s = it % NUM_STAGES
+            mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
+            if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
+                if it < TIMELINE_MAX:
+                    _stamp(tl_row, 8 + it)
+            kn = kn_smem.index(s)
+            if V_IN_REGS:
+                # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and
+                # its P buffer are free. (Waiting for it only after issuing QK, with a partial wait_group, makes
+                # ptxas serialise every wgmma of the kernel; waiting for both after the V load spills.)
+                o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
+            # QK on the tensor cores, asynchronously ...
+            if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
+                s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
+            else:
+                s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
+                                      is_async=True)  # fmt: skip
+                s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
+            # ... while the CUDA cores load this tile's V: into the PV's A-operand registers, or transposed into Vᵀ
+            if V_IN_REGS:
+                v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT, BLOCK_N)
+                s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
+            else:
+                v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL, REPORT)
+                s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
+                vt = vt_smem.index(it % 2)  # PV(it-2) read this buffer and completed in the previous iteration
+                _store_vt(v_t, vt, REPORT)
+            if TIMELINE:  # noqa: SIM102
+                if it < TIMELINE_MAX:
+                    _stamp(tl_row, 8 + TIMELINE_MAX + it)
+
+            # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
+            sc = s_acc * qk_scale
+            sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
+            if WARP_XCHG:  # per-warp maxima (shuffles), one smem exchange, one barrier (`_across_warps`)
+                m_new = gl.maximum(m_i, _across_warps(sc, xchg_smem.index(0), True, NQ))
+            else:  # Triton's cross-warp reduction (3.6: two smem rounds, two barriers)
                 m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-                alpha = gl.exp2(m_i - m_new)
-                p = gl.exp2(sc - m_new[None, :])
-                l_acc = l_acc * alpha[None, :] + p
-                m_i = m_new
-                pb = it % 2
-                p_smem.index(pb).store(_p_operand(p, fp8, NQ, BLOCK_N))
-                fence_async_shared()
-                _cta_barrier()  # Pᵀ complete, every warp's V loads of this stage done (the refill below overwrites it)
-                s_acc = warpgroup_mma_wait(0, deps=(s_nx,))
-                o_cur = o_cur * alpha[None, :]
-                o_acc = warpgroup_mma(v_op, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
-                if TIMELINE:  # noqa: SIM102
-                    if it < TIMELINE_MAX:
-                        _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(sc - m_new[None, :])
+            l_acc = l_acc * alpha[None, :] + p
+            m_i = m_new
+            pb = it % 2
+            if V_IN_REGS:
+                p_smem.index(pb).store(_p_operand(p, fp8, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
+            else:
+                p_smem.index(pb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
+            fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
+            _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
+            if not REFILL_AFTER_PV:
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
-                row_pf = row_nx
-                it += 1
-        else:
-            for start in range(kv_start, kv_end, BLOCK_N):
-                row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
-                s = it % NUM_STAGES
-                mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
-                if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
-                    if it < TIMELINE_MAX:
-                        _stamp(tl_row, 8 + it)
-                kn = kn_smem.index(s)
-                if V_IN_REGS:
-                    # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and
-                    # its P buffer are free. (Waiting for it only after issuing QK, with a partial wait_group, makes
-                    # ptxas serialise every wgmma of the kernel; waiting for both after the V load spills.)
-                    o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
-                # QK on the tensor cores, asynchronously ...
-                if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
-                    s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
-                else:
-                    s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
-                                          is_async=True)  # fmt: skip
-                    s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
-                # ... while the CUDA cores load this tile's V: into the PV's A-operand registers, or transposed into Vᵀ
-                if V_IN_REGS:
-                    v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT, BLOCK_N)
-                    s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
-                else:
-                    v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL, REPORT)
-                    s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
-                    vt = vt_smem.index(it % 2)  # PV(it-2) read this buffer and completed in the previous iteration
-                    _store_vt(v_t, vt, REPORT)
-                if TIMELINE:  # noqa: SIM102
-                    if it < TIMELINE_MAX:
-                        _stamp(tl_row, 8 + TIMELINE_MAX + it)
 
-                # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
-                sc = s_acc * qk_scale
-                sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
-                if WARP_XCHG:  # per-warp maxima (shuffles), one smem exchange, one barrier (`_across_warps`)
-                    m_new = gl.maximum(m_i, _across_warps(sc, xchg_smem.index(0), True, NQ))
-                else:  # Triton's cross-warp reduction (3.6: two smem rounds, two barriers)
-                    m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-                alpha = gl.exp2(m_i - m_new)
-                p = gl.exp2(sc - m_new[None, :])
-                l_acc = l_acc * alpha[None, :] + p
-                m_i = m_new
-                pb = it % 2
-                if V_IN_REGS:
-                    p_smem.index(pb).store(_p_operand(p, fp8, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
-                else:
-                    p_smem.index(pb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
-                fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
-                _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
-                if not REFILL_AFTER_PV:
-                    _issue_kv_tile(
-                        kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES
-                    )
-
-                o_cur = o_cur * alpha[None, :]
-                if ABLATE >= 2:  # ablation: no PV (and, v-regs, no V operand: the compiler drops its loads)
-                    o_acc = warpgroup_mma_init(o_cur)
-                elif V_IN_REGS:
-                    o_acc = warpgroup_mma(v_op, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
-                else:
-                    o_acc = warpgroup_mma(vt, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
-                if TIMELINE:  # noqa: SIM102
-                    if it < TIMELINE_MAX:
-                        _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
-                if REFILL_AFTER_PV:  # PV(it) reads registers / Vᵀ and Pᵀ, not this stage: refill it off the PV's path
-                    _issue_kv_tile(
-                        kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES
-                    )
-                row_pf = row_nx
-                it += 1
+            o_cur = o_cur * alpha[None, :]
+            if ABLATE >= 2:  # ablation: no PV (and, v-regs, no V operand: the compiler drops its loads)
+                o_acc = warpgroup_mma_init(o_cur)
+            elif V_IN_REGS:
+                o_acc = warpgroup_mma(v_op, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
+            else:
+                o_acc = warpgroup_mma(vt, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
+            if TIMELINE:  # noqa: SIM102
+                if it < TIMELINE_MAX:
+                    _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
+            if REFILL_AFTER_PV:  # PV(it) reads registers / Vᵀ and Pᵀ, not this stage: refill it off the PV's path
+                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+            row_pf = row_nx
+            it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
         if TIMELINE:  # the last PV has completed; then the work's softmax sum
             _stamp(tl_row, 5)

@@ -90,13 +90,12 @@ def compile_hopper(
     warp_exchange: bool = False,
     merge_max: int = 0,
     block: int = 64,
-    qk_ahead: bool = False,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
     ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two; ``block``: its ``BLOCK_N``, 64 (one warpgroup)
-    or 128 (two, v-regs only); ``qk_ahead``: its ``QK_AHEAD``); see the module docstring."""
+    or 128 (two, v-regs only)); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -139,8 +138,7 @@ def compile_hopper(
                 D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                 LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
                 ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, WARP_XCHG=warp_exchange,
-                INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, QK_AHEAD=qk_ahead, REPORT=True,
-                num_warps=block // 16, grid=(1,),
+                INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True, num_warps=block // 16, grid=(1,),
             )  # fmt: skip
     finally:
         if old_cache is None:

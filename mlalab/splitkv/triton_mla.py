@@ -198,10 +198,8 @@ class KernelConfig:
     merging CTA reads 7 partials (224 KB), which may cost what it saves. ``hopper_stages``: the TMA ring's depth, 1 to
     `HOPPER_MAX_STAGES` of the path. ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128
     (two warpgroups, 8 warps, on one 128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange
-    or merge; a plan cut on multiples of 128 tokens avoids half-empty tiles). ``hopper_qk_ahead`` (hopper, v-regs, >= 2
-    stages): the next tile's score wgmma is issued before this tile's softmax, so the tensor cores score tile i+1 while
-    the CUDA cores run softmax(i) (else QK(i) runs alone between PV(i-1) and softmax(i)). The knobs below belong to the
-    portable kernel.
+    or merge; a plan cut on multiples of 128 tokens avoids half-empty tiles). The knobs below belong to the portable
+    kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
@@ -222,7 +220,6 @@ class KernelConfig:
     hopper_warp_exchange: bool = False
     hopper_merge_splits: int = 0
     hopper_block: int = 64
-    hopper_qk_ahead: bool = False
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -454,14 +451,6 @@ class TritonDecoder:
             if config.hopper_stages > HOPPER_MAX_STAGES_128:
                 raise ValueError(f"hopper_block=128 holds at most {HOPPER_MAX_STAGES_128} tiles of 128 tokens in shared "
                                  f"memory (hopper_stages={config.hopper_stages})")  # fmt: skip
-        if config.hopper_qk_ahead and (
-            config.hopper_variant == "vt-smem"
-            or config.hopper_stages < 2
-            or config.hopper_warp_exchange
-            or config.hopper_ablate != "none"
-        ):
-            raise ValueError("hopper_qk_ahead is written for the v-regs path with >= 2 stages (tile i+1 must be in the "
-                             "ring with tile i), without hopper_warp_exchange or an ablation")  # fmt: skip
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
@@ -528,7 +517,7 @@ class TritonDecoder:
             if self.hopper_variant == "auto":
                 # (a ring deeper than vt-smem holds: v-regs, even for a plan without tiles)
                 deep = config.hopper_stages > HOPPER_MAX_STAGES["vt-smem"]
-                wide = config.hopper_block == 128 or config.hopper_qk_ahead
+                wide = config.hopper_block == 128
                 self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM or deep or wide else "vt-smem"
             if config.hopper_stages > HOPPER_MAX_STAGES[self.hopper_variant]:
                 raise ValueError(f"hopper_stages={config.hopper_stages}: the {self.hopper_variant} path holds at most "
@@ -558,8 +547,6 @@ class TritonDecoder:
             name += f"+merge{self.config.hopper_merge_splits}"
         if self.kernel == "hopper" and self.config.hopper_block != 64:
             name += f"+block{self.config.hopper_block}"
-        if self.kernel == "hopper" and self.config.hopper_qk_ahead:
-            name += "+qk-ahead"
         return name if self.config.hopper_ablate == "none" else f"{name}+ablate:{self.config.hopper_ablate}"
 
     def __call__(
@@ -637,7 +624,7 @@ class TritonDecoder:
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                   Q_FIRST=c.hopper_q_first, WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
-                  MERGE_MAX=self.merge_max, QK_AHEAD=c.hopper_qk_ahead, num_warps=self.block // 16)  # fmt: skip
+                  MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
         self.G.stage1_kernel[(self.n_cu,)](
