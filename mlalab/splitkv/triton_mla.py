@@ -192,14 +192,13 @@ class KernelConfig:
     H200 but no faster (21.48 vs 21.47 us geomean, data/profiles/h200_2026-12-03_ab_warp_exchange.csv), so off.
     ``hopper_merge_splits`` (hopper; 0 = off, 2, 4 or 8): a request split in at most this many partials (one q row,
     its partial rows consecutive) is merged inside stage 1 by the CTA that stores its last partial (an arrival
-    counter per request; nobody waits), so the reduce kernel runs only for the others, or not at all. **Not yet run
-    on a GPU** (2026-12-03): expected to pay off for 2-4 splits (batch 32-64), where the reduce's latency chain
-    (+2.4-3.4 us) is replaced by one fence, one atomic and one L2 round trip of 2-4 partials; with 8 (batch 16) the
-    merging CTA reads 7 partials (224 KB), which may cost what it saves. ``hopper_stages``: the TMA ring's depth, 1 to
+    counter per request; nobody waits), so the reduce kernel runs only for the others, or not at all. Correct on the
+    H200 but slower (2026-12-03: 0.709x / 0.718x / 0.758x of FlashMLA fp8's geomean for 2 / 4 / 8 against 0.698x,
+    data/profiles/h200_2026-12-03_ab_merge.csv: the merging CTA's tail lies on the last SM's critical path), so off. ``hopper_stages``: the TMA ring's depth, 1 to
     `HOPPER_MAX_STAGES` of the path. ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128
     (two warpgroups, 8 warps, on one 128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange
-    or merge; a plan cut on multiples of 128 tokens avoids half-empty tiles). The knobs below belong to the portable
-    kernel.
+    or merge; a plan cut on multiples of 128 tokens avoids half-empty tiles). Correct on the H200 but slower: 0.731x vs
+    0.700x (data/profiles/h200_2026-12-03_ab_block128.csv), so 64. The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
