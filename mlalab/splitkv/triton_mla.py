@@ -194,8 +194,8 @@ class KernelConfig:
     its partial rows consecutive) is merged inside stage 1 by the CTA that stores its last partial (an arrival
     counter per request; nobody waits), so the reduce kernel runs only for the others, or not at all. Correct on the
     H200 but slower (2026-12-03: 0.709x / 0.718x / 0.758x of FlashMLA fp8's geomean for 2 / 4 / 8 against 0.698x,
-    data/profiles/h200_2026-12-03_ab_merge.csv: the merging CTA's tail lies on the last SM's critical path), so off. ``hopper_stages``: the TMA ring's depth, 1 to
-    `HOPPER_MAX_STAGES` of the path. ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128
+    data/profiles/h200_2026-12-03_ab_merge.csv; probably because the merging CTA's tail lies on the critical path of
+    the last SM to finish), so off. ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path. ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128
     (two warpgroups, 8 warps, on one 128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange
     or merge; a plan cut on multiples of 128 tokens avoids half-empty tiles). Correct on the H200 but slower: 0.731x vs
     0.700x (data/profiles/h200_2026-12-03_ab_block128.csv), so 64. The knobs below belong to the portable kernel.
