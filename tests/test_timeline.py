@@ -119,7 +119,7 @@ def test_the_portable_kernel_has_no_timeline() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", ["vt-smem", "v-regs"])
+@pytest.mark.parametrize("variant", ["vt-smem", "v-regs", "v-regs-128"])
 def test_gpu_timeline_of_a_ragged_batch_is_ordered_and_complete(variant: str) -> None:
     from mlalab.config import DecodeCase
     from mlalab.inputs import make_inputs, ragged_kv_lens
@@ -129,7 +129,8 @@ def test_gpu_timeline_of_a_ragged_batch_is_ordered_and_complete(variant: str) ->
     x = make_inputs(DecodeCase(kv_lens=(*ragged_kv_lens(20, 3000, seed=2), 0), seed=3)).to("cuda")
     p = prepare(x, "a8w8")
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
-    dec = TritonDecoder(p, plan, config=KernelConfig(kernel="hopper", hopper_variant=variant))
+    knobs = dict(hopper_block=128, hopper_stages=2) if variant == "v-regs-128" else dict(hopper_variant=variant)
+    dec = TritonDecoder(p, plan, config=KernelConfig(kernel="hopper", **knobs))
     ref = dec()[0].clone()
     tl = dec.stage1_timeline()
     assert tl.kernel == f"hopper:{variant}" and tl.n_cu == 132 and 1.0 < tl.clock_ghz < 2.5

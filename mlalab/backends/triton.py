@@ -97,15 +97,17 @@ def make_callable(
     if reason is not None:
         raise RuntimeError(f"triton backend unavailable: {reason}")
     prep = prepare(inputs, precision, fp8_format)
+    wide = 128 if knobs.get("hopper_block") == 128 else 64  # tokens per tile of the sm_90 kernel
     if plan_block is not None:
         plan_knobs["block"] = plan_block
     elif (
         planner == "simple"
         and "block" not in plan_knobs
         and knobs.get("kernel", "auto") != "portable"
-        and hopper_unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype) is None
+        and hopper_unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype, block=wide) is None
     ):
-        plan_knobs["block"] = 128 if knobs.get("hopper_block") == 128 else HOPPER_PLAN_BLOCK  # cuts on whole tiles
+        # (tokens at page size 1, where a cut on 128 keeps 128-token tiles whole; pages otherwise, whole tiles anyway)
+        plan_knobs["block"] = 128 if wide == 128 and prep.page_size == 1 else HOPPER_PLAN_BLOCK
     if plan is None:
         plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     cfg = KernelConfig(**knobs)

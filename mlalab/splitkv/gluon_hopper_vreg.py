@@ -89,6 +89,15 @@ VREGS_ROW_BITS = gl.constexpr((6, 4, 5, 0, 7, 8, 1, 2, 3))
 VREGS128_ROW_BITS = gl.constexpr((3, 6, 5, 0, 7, 8, 4, 1, 2))  # the 8-warp tile's π
 VT_ROW_BITS = gl.constexpr((4, 5, 6, 3, 0, 1, 2, 7, 8))
 
+#: The relabellings as (factor shape, permutation) pairs for reshape + permute, shared by the kernel and
+#: `tests/test_hopper_kernel.py` (which checks them against the row bits above and each other): V of a tile (tokens,
+#: 512 dims) -> the PV operand Vᵀ (512 rows m, tokens k), for 64- and 128-token tiles (`_pv_operand`); Oᵀ's rows m
+#: (with the 16 heads last) -> natural value dims (`_store_work_vregs`).
+V_TO_OPERAND_64 = gl.constexpr(((4, 4, 4, 4, 2, 4, 8, 2), (6, 3, 7, 5, 4, 0, 2, 1)))
+V_TO_OPERAND_128 = gl.constexpr(((8, 4, 4, 4, 2, 2, 2, 2, 4, 2), (8, 6, 3, 9, 5, 4, 7, 0, 2, 1)))
+O_TO_NATURAL_64 = gl.constexpr(((8, 4, 2, 4, 2, 16), (1, 4, 3, 0, 2, 5)))
+O_TO_NATURAL_128 = gl.constexpr(((4, 2, 4, 2, 2, 2, 2, 16), (2, 5, 4, 1, 6, 0, 3, 7)))
+
 
 @gluon.jit
 def _lg2_approx(x):
@@ -137,9 +146,9 @@ def _pv_operand(kn, start, kv_end, DOT_A: gl.constexpr, MASK_TAIL: gl.constexpr,
     # m = (D, A, E, C, B) and k = (X, Z, Y), most significant first
     if BLOCK_N == 128:  # t = (A = t6 t5 t4, B = t3 t2, C = t1 t0), d = (D = d8 d7, E, F, G, H = d6 .. d3, I = d2 d1,
         # J = d0); m = (I, G, D, J, F, E, H) and k = (A, C, B)
-        v = v.reshape([8, 4, 4, 4, 2, 2, 2, 2, 4, 2]).permute([8, 6, 3, 9, 5, 4, 7, 0, 2, 1]).reshape([512, 128])
+        v = v.reshape(V_TO_OPERAND_128[0]).permute(V_TO_OPERAND_128[1]).reshape([512, 128])
     else:
-        v = v.reshape([4, 4, 4, 4, 2, 4, 8, 2]).permute([6, 3, 7, 5, 4, 0, 2, 1]).reshape([512, 64])
+        v = v.reshape(V_TO_OPERAND_64[0]).permute(V_TO_OPERAND_64[1]).reshape([512, 64])
     return gl.convert_layout(v, DOT_A)
 
 
@@ -159,10 +168,10 @@ def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, pa
     o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
         if BLOCK_N == 128:  # m = (d2 d1, d4, d8 d7, d0, d5, d6, d3) -> natural d
-            o_nat = o.reshape([4, 2, 4, 2, 2, 2, 2, NQ]).permute([2, 5, 4, 1, 6, 0, 3, 7]).reshape([D_NOPE, NQ])
+            o_nat = o.reshape(O_TO_NATURAL_128[0]).permute(O_TO_NATURAL_128[1]).reshape([D_NOPE, NQ])
             O_L: gl.constexpr = _O_STORE_128
         else:  # row m of Oᵀ holds value dim π(m): relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E)
-            o_nat = o.reshape([8, 4, 2, 4, 2, NQ]).permute([1, 4, 3, 0, 2, 5]).reshape([D_NOPE, NQ])
+            o_nat = o.reshape(O_TO_NATURAL_64[0]).permute(O_TO_NATURAL_64[1]).reshape([D_NOPE, NQ])
             O_L: gl.constexpr = _O_STORE
         ob = gl.convert_layout(o_nat, O_L)
         offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, O_L))

@@ -113,8 +113,10 @@ def compile_hopper(
     if merge_max not in (0, 2, 4, 8) or isinstance(merge_max, bool):
         raise ValueError(f"merge_max must be 0, 2, 4 or 8, got {merge_max!r}")
 
-    if block not in HOPPER_BLOCKS or isinstance(block, bool):
+    if type(block) is not int or block not in HOPPER_BLOCKS:
         raise ValueError(f"block must be one of {HOPPER_BLOCKS}, got {block!r}")
+    if block == 128 and (variant != "v-regs" or warp_exchange or merge_max):
+        raise ValueError("block=128 (two warpgroups) is written for the v-regs path without warp_exchange or merge_max")
     most = HOPPER_MAX_STAGES[variant] if block == 64 else HOPPER_MAX_STAGES_128
     if not 1 <= stages <= most:
         raise ValueError(f"stages must be 1 to {most} on the {variant} path with {block}-token tiles, got {stages!r}")

@@ -441,7 +441,7 @@ class TritonDecoder:
         if config.hopper_merge_splits and config.hopper_stages == 1:
             raise ValueError("hopper_merge_splits needs hopper_stages >= 2 (with a 1-stage ring the merge spills "
                              "registers on sm_90 with Triton 3.6)")  # fmt: skip
-        if config.hopper_block not in HOPPER_BLOCKS or isinstance(config.hopper_block, bool):
+        if type(config.hopper_block) is not int or config.hopper_block not in HOPPER_BLOCKS:
             raise ValueError(f"hopper_block must be 64 or 128 (tokens per tile), got {config.hopper_block!r}")
         if config.hopper_block == 128:
             if config.hopper_variant == "vt-smem" or config.hopper_warp_exchange or config.hopper_merge_splits:
