@@ -51,11 +51,13 @@ after the PV it is the faster path on every competition shape, and ``hopper_vari
 
 With ``BLOCK_N=128`` and 8 warps (`KernelConfig.hopper_block`, v-regs only) two warpgroups share one 128-token tile:
 each scores 64 tokens (the wgmma's M splits across them) and holds 256 of the 512 Oᵀ rows (`gluon_hopper_vreg`'s
-``_V_REGS_128``). Measured slower than two 64-token tiles on one warpgroup (0.731x vs 0.700x,
-data/profiles/h200_2026-12-03_ab_block128.csv): the tile's cost is not latency that more warps hide.
+``_V_REGS_128``). Per 64 tokens a tile is ~10 % cheaper this way (data/profiles/h200_2026-12-03s9_ablation_profile.csv),
+but the larger ring delays the first tile and the last tile is longer: slower overall (0.731x vs 0.700x,
+data/profiles/h200_2026-12-03_ab_block128.csv), so off by default.
 
 Constraints (checked on the host, `hopper_unsupported`): a8w8, 16 heads × (512 + 64) dims, KV rows of a tile
-contiguous (page size 1 with the identity page table, or page size a multiple of 64), one q row per work (q_len 1).
+contiguous (page size 1 with the identity page table, or a page size that is a multiple of the tile, 64 or 128), one
+q row per work (q_len 1).
 The fp8 flavour is e4m3fn (what sm_90 wgmma takes).
 """
 

@@ -2,7 +2,8 @@
 product takes Vᵀ as its *register* A operand.
 
 Read `gluon_hopper` first (fp8 wgmma for both products, tokens as M for the scores, value dims as M for the
-values, TMA ring across work boundaries, one warpgroup per CTA). What differs is how Vᵀ reaches the tensor cores.
+values, TMA ring across work boundaries, one warpgroup per 64 tokens of a tile). What differs is how Vᵀ reaches the
+tensor cores.
 The "vt-smem" path transposes each tile's V into a Vᵀ buffer in shared memory (16-byte loads and stores) and the
 PV wgmma reads it back: 64 KB of shared-memory traffic per tile on top of what the scores read, and 64 KB of Vᵀ
 buffers. Here each thread loads 16 tokens × 16 dims of V from the K tile (16-byte loads, 0 bank conflicts) in a
@@ -130,8 +131,10 @@ def _pv_operand(kn, start, kv_end, DOT_A: gl.constexpr, MASK_TAIL: gl.constexpr,
 
     Loaded in `_V_REGS`, then relabelled: row m holds value dim ``d = π(m)`` and column k token ``t = σ(k)``, with
     ``π: m0..m8 -> d6 d4 d5 d0 d7 d8 d1 d2 d3`` and ``σ`` swapping token bits (0, 1) with (2, 3). Pᵀ uses the same
-    token order σ (`_p_operand`) and the epilogue undoes π (`_store_work_vregs`). ``MASK_TAIL`` (paged caches): tokens
-    past the work's end are zeroed, since a page's unused slots may hold anything and 0 · NaN would poison Oᵀ."""
+    token order σ (`_p_operand`) and the epilogue undoes π (`_store_work_vregs`). With ``BLOCK_N=128`` (8 warps) the
+    load layout is `_V_REGS_128` and the relabelling `V_TO_OPERAND_128` (π of `VREGS128_ROW_BITS`, the same σ on the
+    low token bits). ``MASK_TAIL`` (paged caches): tokens past the work's end are zeroed, since a page's unused slots
+    may hold anything and 0 · NaN would poison Oᵀ."""
     if BLOCK_N == 128:
         V_L: gl.constexpr = _V_REGS_128
     else:

@@ -275,9 +275,9 @@ def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None,
 def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info: torch.Tensor,
                  block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(tile_indptr, tile_rows)`` int32 on the CPU: the Hopper kernel's tile stream. CTA ``c`` consumes the
-    64-token tiles of its works in order; ``tile_rows[t]`` is the KV row of tile t's first token (its position
-    itself with the identity page table, else through ``kv_indices``: tiles never cross a page because pages are
-    multiples of 64 tokens and works start on page boundaries)."""
+    `block_n`-token tiles (64 or 128) of its works in order; ``tile_rows[t]`` is the KV row of tile t's first token (its
+    position itself with the identity page table, else through ``kv_indices``: tiles never cross a page because pages
+    are multiples of `block_n` tokens and works start on page boundaries)."""
     wi = work_info.to("cpu", torch.int64)
     ks, ke = wi[:, 4], wi[:, 5]
     counts = torch.clamp((ke - ks + block_n - 1) // block_n, min=0)
