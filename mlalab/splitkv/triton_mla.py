@@ -449,7 +449,7 @@ class TritonDecoder:
                                  "hopper_warp_exchange or hopper_merge_splits")  # fmt: skip
             if config.hopper_stages > HOPPER_MAX_STAGES_128:
                 raise ValueError(f"hopper_block=128 holds at most {HOPPER_MAX_STAGES_128} tiles of 128 tokens in shared "
-                                 f"memory (hopper_stages={config.hopper_stages})")  # fmt: skip
+                                 f"memory (hopper_stages={config.hopper_stages}; pass hopper_stages=2 or 1)")  # fmt: skip
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
