@@ -372,7 +372,7 @@ def _stage1_kernel(
     v_scale = gl.load(KV_SCALE)
     n_tiles = t_end - t_begin
 
-    # wgmma accumulators (Sᵀ: 64 × NQ, Oᵀ: 512 × NQ): 4 warps along M, N = NQ (16 heads) per instruction
+    # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the 4 or 8 warps along M, N = NQ (16 heads) per instruction
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, NQ, 32])  # fmt: skip
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)

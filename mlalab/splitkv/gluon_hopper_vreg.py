@@ -98,6 +98,9 @@ V_TO_OPERAND_64 = gl.constexpr(((4, 4, 4, 4, 2, 4, 8, 2), (6, 3, 7, 5, 4, 0, 2, 
 V_TO_OPERAND_128 = gl.constexpr(((8, 4, 4, 4, 2, 2, 2, 2, 4, 2), (8, 6, 3, 9, 5, 4, 7, 0, 2, 1)))
 O_TO_NATURAL_64 = gl.constexpr(((8, 4, 2, 4, 2, 16), (1, 4, 3, 0, 2, 5)))
 O_TO_NATURAL_128 = gl.constexpr(((4, 2, 4, 2, 2, 2, 2, 16), (2, 5, 4, 1, 6, 0, 3, 7)))
+#: P (tokens, heads) viewed as (tokens / 16, t3 t2, t1 t0, heads), permuted to σ's order: token bits (1, 0) and (3, 2)
+#: swapped (`_p_operand`; a (factor shape, permutation) pair like the others, the shape's first factor left to the tile)
+P_TO_OPERAND = gl.constexpr(((4, 4), (0, 2, 1, 3)))
 
 
 @gluon.jit
@@ -159,7 +162,7 @@ def _pv_operand(kn, start, kv_end, DOT_A: gl.constexpr, MASK_TAIL: gl.constexpr,
 def _p_operand(p, fp8: gl.constexpr, NQ: gl.constexpr, BLOCK_N: gl.constexpr = 64):
     """Pᵀ (NQ, BLOCK_N tokens) in fp8 with the token order σ of `_pv_operand` (column k holds token σ(k)): token bits
     (1, 0) and (3, 2) swapped, the higher ones in place."""
-    p8 = p.to(fp8).reshape([BLOCK_N // 16, 4, 4, NQ]).permute([0, 2, 1, 3])
+    p8 = p.to(fp8).reshape([BLOCK_N // 16, P_TO_OPERAND[0][0], P_TO_OPERAND[0][1], NQ]).permute(P_TO_OPERAND[1])
     return p8.reshape([BLOCK_N, NQ]).permute([1, 0])
 
 

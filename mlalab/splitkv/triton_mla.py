@@ -195,10 +195,11 @@ class KernelConfig:
     counter per request; nobody waits), so the reduce kernel runs only for the others, or not at all. Correct on the
     H200 but slower (2026-12-03: 0.709x / 0.718x / 0.758x of FlashMLA fp8's geomean for 2 / 4 / 8 against 0.698x,
     data/profiles/h200_2026-12-03_ab_merge.csv; probably because the merging CTA's tail lies on the critical path of
-    the last SM to finish), so off. ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path. ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128
-    (two warpgroups, 8 warps, on one 128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange
-    or merge; a plan cut on multiples of 128 tokens avoids half-empty tiles). Correct on the H200 but slower: 0.731x vs
-    0.700x (data/profiles/h200_2026-12-03_ab_block128.csv), so 64. The knobs below belong to the portable kernel.
+    the last SM to finish), so off. ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path.
+    ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128 (two warpgroups, 8 warps, on one
+    128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange or merge; a plan cut on multiples
+    of 128 tokens avoids half-empty tiles). Correct on the H200, ~10 % cheaper per token, but slower overall (a later
+    first tile, a longer last one): 0.731x vs 0.700x (data/profiles/h200_2026-12-03_ab_block128.csv), so 64. The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
