@@ -214,9 +214,8 @@ def test_v_operand_and_p_relabellings_agree(block: int) -> None:
     assert sorted(sigma) == list(range(block))
     assert a.tolist() == [[t * 512 + pi[m] for t in sigma] for m in range(512)]
     # `_p_operand`: P (tokens, 16 heads) -> Pᵀ (16, tokens); element (t, n) = t
-    pt = (
-        torch.arange(block)[:, None].expand(block, 16).reshape(block // 16, 4, 4, 16).permute(R.P_TO_OPERAND_PERM.value)
-    )
+    inner, perm = R.P_TO_OPERAND.value
+    pt = torch.arange(block)[:, None].expand(block, 16).reshape(block // 16, *inner, 16).permute(perm)
     assert pt.reshape(block, 16).permute(1, 0)[0].tolist() == sigma
 
 
