@@ -52,6 +52,14 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # two warpgroups (8 warps) on 128-token tiles, rings of 2 / 1 such tiles (plans cut on 128 tokens)
     "v2w": (1, dict(hopper_block=128, hopper_stages=2)),
     "v2w1": (1, dict(hopper_block=128, hopper_stages=1)),
+    # two warpgroups on alternate 64-token tiles sharing a ring of 4 / 3 / 2 tiles, merged per work
+    # (`gluon_hopper_2wg`); -nopdl: the reduce launched after stage 1, not as its programmatic dependent (beside
+    # auto-nopdl: does the reduce lose its early launch when stage 1 holds the whole register file?)
+    "v2g4": (1, dict(hopper_warpgroups=2, hopper_stages=4)),
+    "v2g3": (1, dict(hopper_warpgroups=2, hopper_stages=3)),
+    "v2g2": (1, dict(hopper_warpgroups=2, hopper_stages=2)),
+    "v2g4-nopdl": (1, dict(hopper_warpgroups=2, hopper_stages=4, pdl=False)),
+    "auto-nopdl": (1, dict(pdl=False)),
 }
 
 

@@ -251,7 +251,14 @@ def test_cta_info_rows_and_variant_choice() -> None:
                      (dict(hopper_block=128, hopper_variant="vt-smem"), "written for the v-regs path"),
                      (dict(hopper_block=128, hopper_merge_splits=4), "written for the v-regs path"),
                      (dict(hopper_block=128, hopper_warp_exchange=True), "written for the v-regs path"),
-                     (dict(hopper_block=128), "at most 2 tiles of 128 tokens")]:  # (default 3 stages)  # fmt: skip
+                     (dict(hopper_block=128), "at most 2 tiles of 128 tokens"),  # (default 3 stages)
+                     (dict(hopper_warpgroups=3), "hopper_warpgroups must be 1 or 2"),
+                     (dict(hopper_warpgroups=2.0), "hopper_warpgroups must be 1 or 2"),
+                     (dict(hopper_warpgroups=2, hopper_stages=5), "shares a ring of 1 to 4 tiles"),
+                     (dict(hopper_warpgroups=2, hopper_variant="vt-smem"), "written for the v-regs path"),
+                     (dict(hopper_warpgroups=2, hopper_merge_splits=2), "written for the v-regs path"),
+                     (dict(hopper_warpgroups=2, hopper_ablate="qk"), "written for the v-regs path"),
+                     (dict(hopper_warpgroups=2, hopper_block=128, hopper_stages=2), "hopper_warpgroups must be 1")]:  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             TritonDecoder(p, plan, config=KernelConfig(**bad))
     # 128-token tiles need pages of a multiple of 128 (or page size 1 with the identity table)
@@ -319,6 +326,10 @@ _CONFIGS = {
     # two warpgroups on 128-token tiles (plans cut on 64 leave half-empty tiles: masked)
     "v-regs-block128-2-stages": KernelConfig(hopper_block=128, hopper_stages=2),
     "v-regs-block128-1-stage": KernelConfig(hopper_block=128, hopper_stages=1),
+    # two warpgroups on alternate 64-token tiles, sharing a ring of 4 / 3 (odd: buffers change hands) / 1 tiles
+    "v-regs-2wg-4": KernelConfig(hopper_warpgroups=2, hopper_stages=4),
+    "v-regs-2wg-3": KernelConfig(hopper_warpgroups=2, hopper_stages=3),
+    "v-regs-2wg-1": KernelConfig(hopper_warpgroups=2, hopper_stages=1),
 }
 
 

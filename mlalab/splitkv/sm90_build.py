@@ -90,12 +90,14 @@ def compile_hopper(
     warp_exchange: bool = False,
     merge_max: int = 0,
     block: int = 64,
+    warpgroups: int = 1,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
     ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two; ``block``: its ``BLOCK_N``, 64 (one warpgroup)
-    or 128 (two, v-regs only)); see the module docstring."""
+    or 128 (two, v-regs only); ``warpgroups=2``: `gluon_hopper_2wg`, two warpgroups on alternate tiles sharing a
+    ring of `stages` tiles, v-regs only, without the other options); see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -108,7 +110,14 @@ def compile_hopper(
     for name, flag in (("refill_after_pv", refill_after_pv), ("q_first", q_first), ("warp_exchange", warp_exchange)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    from .triton_mla import HOPPER_BLOCKS, HOPPER_INFO_COLS, HOPPER_MAX_STAGES, HOPPER_MAX_STAGES_128
+    from .triton_mla import (
+        HOPPER_2WG_WORKER_REGS,
+        HOPPER_BLOCKS,
+        HOPPER_INFO_COLS,
+        HOPPER_MAX_STAGES,
+        HOPPER_MAX_STAGES_2WG,
+        HOPPER_MAX_STAGES_128,
+    )
 
     if merge_max not in (0, 2, 4, 8) or isinstance(merge_max, bool):
         raise ValueError(f"merge_max must be 0, 2, 4 or 8, got {merge_max!r}")
@@ -117,7 +126,14 @@ def compile_hopper(
         raise ValueError(f"block must be one of {HOPPER_BLOCKS}, got {block!r}")
     if block == 128 and (variant != "v-regs" or warp_exchange or merge_max):
         raise ValueError("block=128 (two warpgroups) is written for the v-regs path without warp_exchange or merge_max")
+    if type(warpgroups) is not int or warpgroups not in (1, 2):
+        raise ValueError(f"warpgroups must be 1 or 2, got {warpgroups!r}")
+    if warpgroups == 2 and (variant != "v-regs" or block != 64 or warp_exchange or merge_max or ablate or timeline):
+        raise ValueError("warpgroups=2 is written for the v-regs path with 64-token tiles and none of warp_exchange, "
+                         "merge_max, ablate, timeline")  # fmt: skip
     most = HOPPER_MAX_STAGES[variant] if block == 64 else HOPPER_MAX_STAGES_128
+    if warpgroups == 2:
+        most = HOPPER_MAX_STAGES_2WG
     if not 1 <= stages <= most:
         raise ValueError(f"stages must be 1 to {most} on the {variant} path with {block}-token tiles, got {stages!r}")
 
@@ -134,14 +150,24 @@ def compile_hopper(
     try:
         with contextlib.redirect_stdout(printed):  # gl.static_print: the bank-conflict counts
             plan_args = (i32(132 * HOPPER_INFO_COLS), i32(8 * 8), i32(64))  # CTA_INFO, WORK_INFO, TILE_ROWS
-            ck = G.stage1_kernel.warmup(
-                *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one,
-                one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16, NQ=16,
-                D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
-                LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
-                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, WARP_XCHG=warp_exchange,
-                INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True, num_warps=block // 16, grid=(1,),
-            )  # fmt: skip
+            if warpgroups == 2:
+                from . import gluon_hopper_2wg as W
+
+                ck = W.stage1_kernel.warmup(
+                    *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one, one, 0.04, H=16,
+                    NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, RING=stages, MASK_TAIL=mask_tail,
+                    LAUNCH_DEPENDENTS=True, WAIT_PRIOR=False, INFO_COLS=HOPPER_INFO_COLS,
+                    WORKER_REGS=HOPPER_2WG_WORKER_REGS, REPORT=True, num_warps=4, grid=(1,),
+                )  # fmt: skip
+            else:
+                ck = G.stage1_kernel.warmup(
+                    *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one,
+                    one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16,
+                    NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
+                    LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
+                    ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, WARP_XCHG=warp_exchange,
+                    INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True, num_warps=block // 16, grid=(1,),
+                )  # fmt: skip
     finally:
         if old_cache is None:
             os.environ.pop("TRITON_CACHE_DIR", None)

@@ -199,7 +199,11 @@ class KernelConfig:
     ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128 (two warpgroups, 8 warps, on one
     128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange or merge; a plan cut on multiples
     of 128 tokens avoids half-empty tiles). Correct on the H200, ~10 % cheaper per token, but slower overall (a later
-    first tile, a longer last one): 0.731x vs 0.700x (data/profiles/h200_2026-12-03_ab_block128.csv), so 64. The knobs below belong to the portable kernel.
+    first tile, a longer last one): 0.731x vs 0.700x (data/profiles/h200_2026-12-03_ab_block128.csv), so 64.
+    ``hopper_warpgroups`` (hopper): 1, or 2 = two warpgroups per CTA on alternate 64-token tiles of the same stream,
+    sharing one ring of ``hopper_stages`` (1 to 4) tiles, each with its own softmax state and Oᵀ, merged once per work
+    inside the CTA (`gluon_hopper_2wg`; v-regs, 64-token tiles, no warp exchange, merge, ablation or time line).
+    The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
     gather-free path when `prepare` found the page table to be the identity (ignored otherwise);
@@ -220,6 +224,7 @@ class KernelConfig:
     hopper_warp_exchange: bool = False
     hopper_merge_splits: int = 0
     hopper_block: int = 64
+    hopper_warpgroups: int = 1
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -326,6 +331,14 @@ HOPPER_BLOCKS = (64, 128)
 
 #: The deepest ring of 128-token tiles (74 KB a stage): 2 (plus q, P and the reductions' scratch in 227 KB).
 HOPPER_MAX_STAGES_128 = 2
+
+#: The deepest ring (shared by both warpgroups) with ``hopper_warpgroups=2`` (`gluon_hopper_2wg`): 4 tiles of 36 KB,
+#: with q, Pᵀ and the 32 KB hand-over of Oᵀ: 199 KB.
+HOPPER_MAX_STAGES_2WG = 4
+
+#: Registers per thread of the second warpgroup of `gluon_hopper_2wg` (the first gets 256): with 240 or fewer ptxas
+#: spills (Triton 3.6, sm_90).
+HOPPER_2WG_WORKER_REGS = 248
 
 #: Columns of `hopper_cta_info`'s table: 5 + the rows of the deepest ring's first tiles.
 HOPPER_INFO_COLS = 5 + max(HOPPER_MAX_STAGES.values())
@@ -448,9 +461,27 @@ class TritonDecoder:
             if config.hopper_variant == "vt-smem" or config.hopper_warp_exchange or config.hopper_merge_splits:
                 raise ValueError("hopper_block=128 (two warpgroups) is written for the v-regs path without "
                                  "hopper_warp_exchange or hopper_merge_splits")  # fmt: skip
+            if config.hopper_warpgroups != 1:
+                raise ValueError(
+                    "hopper_block=128 already spreads a tile over two warpgroups: hopper_warpgroups must be 1"
+                )
             if config.hopper_stages > HOPPER_MAX_STAGES_128:
                 raise ValueError(f"hopper_block=128 holds at most {HOPPER_MAX_STAGES_128} tiles of 128 tokens in shared "
                                  f"memory (hopper_stages={config.hopper_stages}; pass hopper_stages=2 or 1)")  # fmt: skip
+        if type(config.hopper_warpgroups) is not int or config.hopper_warpgroups not in (1, 2):
+            raise ValueError(f"hopper_warpgroups must be 1 or 2, got {config.hopper_warpgroups!r}")
+        if config.hopper_warpgroups == 2:
+            if (
+                config.hopper_variant == "vt-smem"
+                or config.hopper_warp_exchange
+                or config.hopper_merge_splits
+                or config.hopper_ablate != "none"
+            ):
+                raise ValueError("hopper_warpgroups=2 is written for the v-regs path without hopper_warp_exchange, "
+                                 "hopper_merge_splits or hopper_ablate")  # fmt: skip
+            if not 1 <= config.hopper_stages <= HOPPER_MAX_STAGES_2WG:
+                raise ValueError(f"hopper_warpgroups=2 shares a ring of 1 to {HOPPER_MAX_STAGES_2WG} tiles between its two "
+                                 f"warpgroups, got hopper_stages={config.hopper_stages}")  # fmt: skip
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
@@ -517,7 +548,7 @@ class TritonDecoder:
             if self.hopper_variant == "auto":
                 # (a ring deeper than vt-smem holds: v-regs, even for a plan without tiles)
                 deep = config.hopper_stages > HOPPER_MAX_STAGES["vt-smem"]
-                wide = config.hopper_block == 128
+                wide = config.hopper_block == 128 or config.hopper_warpgroups == 2
                 self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM or deep or wide else "vt-smem"
             if config.hopper_stages > HOPPER_MAX_STAGES[self.hopper_variant]:
                 raise ValueError(f"hopper_stages={config.hopper_stages}: the {self.hopper_variant} path holds at most "
@@ -547,6 +578,8 @@ class TritonDecoder:
             name += f"+merge{self.config.hopper_merge_splits}"
         if self.kernel == "hopper" and self.config.hopper_block != 64:
             name += f"+block{self.config.hopper_block}"
+        if self.kernel == "hopper" and self.config.hopper_warpgroups == 2:
+            name += "+2wg"
         return name if self.config.hopper_ablate == "none" else f"{name}+ablate:{self.config.hopper_ablate}"
 
     def __call__(
@@ -586,6 +619,8 @@ class TritonDecoder:
         if self.kernel != "hopper":
             raise ValueError(f"the timeline is stamped by the sm_90 kernels only; this decoder runs {self.ran!r}"
                              + (f" ({self.hopper_reason})" if self.hopper_reason else ""))  # fmt: skip
+        if self.config.hopper_warpgroups == 2:
+            raise ValueError("hopper_warpgroups=2 has no time-line stamps (stage1_timeline runs hopper_warpgroups=1)")
         from . import gluon_hopper
 
         cols, most = gluon_hopper.TIMELINE_COLS.value, gluon_hopper.TIMELINE_MAX.value
@@ -625,8 +660,23 @@ class TritonDecoder:
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                   Q_FIRST=c.hopper_q_first, WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
                   MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
-        stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         chain = {"launch_pdl": True} if self.pdl_chain else {}
+        if c.hopper_warpgroups == 2:
+            from . import gluon_hopper_2wg
+
+            if timeline is not None:
+                raise ValueError(
+                    "hopper_warpgroups=2 has no time-line stamps (stage1_timeline runs hopper_warpgroups=1)"
+                )
+            gluon_hopper_2wg.stage1_kernel[(self.n_cu,)](
+                *descs, self.cta_info, self.work_info, self.tile_rows, self.out, self.lse, self.part_o,
+                self.part_lse, p.q_scale, p.kv_scale, self.sm_scale, H=MLA.num_heads, NQ=MLA.num_heads,
+                D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.block, RING=c.hopper_stages,
+                MASK_TAIL=kw["MASK_TAIL"], LAUNCH_DEPENDENTS=self.use_pdl, WAIT_PRIOR=self.pdl_chain,
+                INFO_COLS=HOPPER_INFO_COLS, WORKER_REGS=HOPPER_2WG_WORKER_REGS, REPORT=False, num_warps=4, **chain,
+            )  # fmt: skip
+            return
+        stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         self.G.stage1_kernel[(self.n_cu,)](
             *descs, self.cta_info, self.work_info, self.tile_rows, self.out, self.lse, self.part_o, self.part_lse,
             p.q_scale, p.kv_scale, self.sm_scale, stamps, self.merge_info, self.merge_counters, **kw, **chain,
