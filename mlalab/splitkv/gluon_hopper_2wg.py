@@ -20,6 +20,14 @@ needs no hand-over. Both warpgroups read the work's q from one double-buffered q
 next work's q once both have released the buffer (``q_free``, two arrivals).
 
 Shared memory: ``RING`` × 36 KB of ring + 18 KB of q + 4 KB of Pᵀ + 32 KB of hand-over (``RING`` = 4: 199 KB).
+Measured on the H200 (session 10, `scripts/hopper_ab.py`, data/profiles/h200_2026-12-03_ab_2wg.csv and
+``..._ab_2wg_ring.csv``): correct, but slower than the one-warpgroup default on every competition shape — 0.779x-0.814x
+of FlashMLA fp8's geomean for rings of 2-4 tiles against 0.699x-0.702x in the same processes; ~2 µs more even where a
+CTA has one tile and the second warpgroup idles (4 x 1024: 7.68 vs 5.92 µs), not because of the reduce's dependent
+launch (same loss without it) nor the ring depth. Kept, off (`KernelConfig.hopper_warpgroups`), for the next look: it
+has no time-line stamps yet. With a paged cache (``MASK_TAIL``) ptxas spills (~300 B per thread), and a 1-tile ring
+spills a little; correct either way.
+
 Constraints: those of the v-regs path (a8w8, 16 heads × 576 dims, q_len 1, tiles of contiguous rows), no
 time-line stamps, no ablations, no in-stage-1 merge.
 """

@@ -203,6 +203,7 @@ class KernelConfig:
     ``hopper_warpgroups`` (hopper): 1, or 2 = two warpgroups per CTA on alternate 64-token tiles of the same stream,
     sharing one ring of ``hopper_stages`` (1 to 4) tiles, each with its own softmax state and Oᵀ, merged once per work
     inside the CTA (`gluon_hopper_2wg`; v-regs, 64-token tiles, no warp exchange, merge, ablation or time line).
+    Correct on the H200 but slower: 0.779x-0.814x vs 0.699x-0.702x (data/profiles/h200_2026-12-03_ab_2wg*.csv), so 1.
     The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
