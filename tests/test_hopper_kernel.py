@@ -169,6 +169,41 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_cop
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+@pytest.mark.parametrize("triton_copy", ["environment", "h200"])
+def test_two_warpgroup_kernel_compiles_for_sm90(triton_copy: str) -> None:
+    """`gluon_hopper_2wg` (``hopper_warpgroups=2``): both warpgroups' 34 fp8 wgmmas per tile, the V load and the
+    32 KB hand-over of Oᵀ free of bank conflicts, every ring within sm_90's 227 KB; with the H200's Triton (3.6) no
+    spills for rings of 2-4 tiles (Triton 3.9 allocates registers differently and spills a few dozen bytes)."""
+    env = dict(os.environ)
+    if triton_copy == "h200":
+        path = _h200_triton()
+        if path is None:
+            pytest.skip("no copy of Triton 3.6 (scripts/test.sh fetches it into $MLALAB_TRITON_H200; offline here?)")
+        env["PYTHONPATH"] = os.pathsep.join([path, ROOT, env.get("PYTHONPATH", "")])
+    code = (
+        f"import sys; sys.path.insert(0, {ROOT!r})\n"
+        "import triton; print('V', triton.__version__)\n"
+        "from mlalab.splitkv.sm90_build import compile_hopper\n"
+        "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES_2WG\n"
+        "for ring in range(1, HOPPER_MAX_STAGES_2WG + 1):\n"
+        "    r = compile_hopper(ring, variant='v-regs', warpgroups=2)\n"
+        "    print('R', ring, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
+        "          r.sass.get('QGMMA.64x16x32.F32.E4M3.E4M3', 0), r.sass.get('BAR.SYNC.DEFER_BLOCKING', 0))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
+    assert len(rows) == 4, r.stdout
+    for _, ring, stack, shared, conflicts, qgmma, bars in rows:
+        assert int(shared) <= 227 * 1024, r.stdout
+        assert set(conflicts.split(",")) == {"0"} and len(conflicts.split(",")) >= 2, r.stdout  # V load, hand-over
+        assert int(qgmma) == 2 * 34, r.stdout  # each partition's copy of the tile loop
+        assert int(bars) > 0, r.stdout
+        if triton_copy == "h200" and ring != "1":
+            assert int(stack) == 0, r.stdout
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
 def test_partial_row_bits_match_the_epilogue_relabellings() -> None:
     """The head-minor partial store puts accumulator row m at value dim d by bit maps (`VT_ROW_BITS`,
     `VREGS_ROW_BITS`); the bf16 epilogues undo the same row orders π by register relabellings (reshape + permute).
@@ -537,3 +572,9 @@ def test_sm90_build_refuses_bad_options_before_compiling() -> None:
         compile_hopper(2, variant="vt-smem", block=128)
     with pytest.raises(ValueError, match="stages must be 1 to 2 on the v-regs path with 128-token tiles"):
         compile_hopper(3, variant="v-regs", block=128)
+    with pytest.raises(ValueError, match="warpgroups must be 1 or 2"):
+        compile_hopper(2, variant="v-regs", warpgroups=3)
+    with pytest.raises(ValueError, match="warpgroups=2 is written for the v-regs path"):
+        compile_hopper(2, variant="vt-smem", warpgroups=2)
+    with pytest.raises(ValueError, match="stages must be 1 to 4"):
+        compile_hopper(5, variant="v-regs", warpgroups=2)
