@@ -293,7 +293,8 @@ def test_cta_info_rows_and_variant_choice() -> None:
                      (dict(hopper_warpgroups=2, hopper_variant="vt-smem"), "written for the v-regs path"),
                      (dict(hopper_warpgroups=2, hopper_merge_splits=2), "written for the v-regs path"),
                      (dict(hopper_warpgroups=2, hopper_ablate="qk"), "written for the v-regs path"),
-                     (dict(hopper_warpgroups=2, hopper_block=128, hopper_stages=2), "hopper_warpgroups must be 1")]:  # fmt: skip
+                     (dict(hopper_warpgroups=2, hopper_block=128, hopper_stages=2),
+                      "hopper_warpgroups must be 1")]:  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             TritonDecoder(p, plan, config=KernelConfig(**bad))
     # 128-token tiles need pages of a multiple of 128 (or page size 1 with the identity table)
