@@ -105,17 +105,23 @@ def _h200_triton() -> str | None:
     return path if path and os.path.isdir(os.path.join(path, "triton")) else None
 
 
-@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
-@pytest.mark.parametrize("triton_copy", ["environment", "h200"])
-def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_copy: str) -> None:
-    """With this environment's Triton and with the H200 machine's (3.6, fetched by scripts/test.sh into
-    $MLALAB_TRITON_H200): register allocation differs between versions (a merge configuration spilled with 3.6 only)."""
+def _compile_env(triton_copy: str) -> dict[str, str]:
+    """The environment of a compile subprocess: this one's Triton, or the H200 machine's copy (skips if absent)."""
     env = dict(os.environ)
     if triton_copy == "h200":
         path = _h200_triton()
         if path is None:
             pytest.skip("no copy of Triton 3.6 (scripts/test.sh fetches it into $MLALAB_TRITON_H200; offline here?)")
         env["PYTHONPATH"] = os.pathsep.join([path, ROOT, env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+@pytest.mark.parametrize("triton_copy", ["environment", "h200"])
+def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_copy: str) -> None:
+    """With this environment's Triton and with the H200 machine's (3.6, fetched by scripts/test.sh into
+    $MLALAB_TRITON_H200): register allocation differs between versions (a merge configuration spilled with 3.6 only)."""
+    env = _compile_env(triton_copy)
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "import triton; print('V', triton.__version__)\n"
@@ -174,12 +180,7 @@ def test_two_warpgroup_kernel_compiles_for_sm90(triton_copy: str) -> None:
     """`gluon_hopper_2wg` (``hopper_warpgroups=2``): both warpgroups' 34 fp8 wgmmas per tile, the V load and the
     32 KB hand-over of Oᵀ free of bank conflicts, every ring within sm_90's 227 KB; with the H200's Triton (3.6) no
     spills for rings of 2-4 tiles (Triton 3.9 allocates registers differently and spills a few dozen bytes)."""
-    env = dict(os.environ)
-    if triton_copy == "h200":
-        path = _h200_triton()
-        if path is None:
-            pytest.skip("no copy of Triton 3.6 (scripts/test.sh fetches it into $MLALAB_TRITON_H200; offline here?)")
-        env["PYTHONPATH"] = os.pathsep.join([path, ROOT, env.get("PYTHONPATH", "")])
+    env = _compile_env(triton_copy)
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "import triton; print('V', triton.__version__)\n"

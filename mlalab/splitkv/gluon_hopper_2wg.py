@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_hopper import _cta_barrier, _issue_q, _tma_load
+from .gluon_hopper import _cta_barrier, _issue_kv_tile, _issue_q
 from .gluon_hopper_vreg import _p_operand, _pv_operand, _store_work_vregs
 
 __all__ = ["stage1_kernel", "HANDOVER_LAYOUT"]
@@ -57,17 +57,6 @@ HANDOVER_LAYOUT = gl.SharedLinearLayout(
     offset_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [8, 0], [0, 8], [64, 0], [128, 0], [256, 0],
                   [16, 0], [32, 0]],
 )  # fmt: skip
-
-
-@gluon.jit
-def _issue_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, g, n_tiles, RING: gl.constexpr):
-    """TMA the CTA's tile `g` (KV row `row` onwards), if it exists, into ring buffer ``g % RING``."""
-    if g < n_tiles:
-        b = g % RING
-        bar = ready.index(b)
-        mbarrier.expect(bar, kn_desc.block_type.nbytes + kr_desc.block_type.nbytes)
-        _tma_load(kn_desc, [row, 0], bar, kn_smem.index(b))
-        _tma_load(kr_desc, [row, 0], bar, kr_smem.index(b))
 
 
 @gluon.jit
@@ -154,7 +143,7 @@ def _consumer(WG: gl.constexpr, qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_
             if RING % 2 == 1:
                 mbarrier.arrive(used.index(b), count=1)  # (after the barrier above: every warp is done with it)
             # (the refill's tile belongs to either warpgroup: the ring is shared, each buffer refilled by its consumer)
-            _issue_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_nx, g + RING, n_tiles, RING)
+            _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_nx, g + RING, n_tiles, RING)
         o = warpgroup_mma_wait(0, deps=(o_acc,))
         _cta_barrier()  # every warp's QKs of this work have completed before q's buffer is released
         mbarrier.arrive(q_free.index(qb), count=1)
@@ -191,26 +180,6 @@ def _consumer(WG: gl.constexpr, qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_
                 mbarrier.arrive(x_full, count=1)
         n_x += both.to(gl.int32)
         it += n
-
-
-@gluon.jit
-def _worker(qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_o, x_ml, ready, used,
-            q_bar, q_free, x_full, x_empty, CTA_INFO, WORK_INFO, TILE_ROWS, OUT, OUT_LSE, PART_O, PART_LSE, Q_SCALE,
-            KV_SCALE, sm_scale, H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_N: gl.constexpr,
-            RING: gl.constexpr, MASK_TAIL: gl.constexpr, REPORT: gl.constexpr, INFO_COLS: gl.constexpr):  # fmt: skip
-    _consumer(1, qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_o, x_ml, ready,
-              used, q_bar, q_free, x_full, x_empty, CTA_INFO, WORK_INFO, TILE_ROWS, OUT, OUT_LSE, PART_O, PART_LSE,
-              Q_SCALE, KV_SCALE, sm_scale, H, NQ, D_NOPE, BLOCK_N, RING, MASK_TAIL, REPORT, INFO_COLS)  # fmt: skip
-
-
-@gluon.jit
-def _default(qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_o, x_ml, ready, used,
-             q_bar, q_free, x_full, x_empty, CTA_INFO, WORK_INFO, TILE_ROWS, OUT, OUT_LSE, PART_O, PART_LSE, Q_SCALE,
-             KV_SCALE, sm_scale, H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_N: gl.constexpr,
-             RING: gl.constexpr, MASK_TAIL: gl.constexpr, REPORT: gl.constexpr, INFO_COLS: gl.constexpr):  # fmt: skip
-    _consumer(0, qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_o, x_ml, ready,
-              used, q_bar, q_free, x_full, x_empty, CTA_INFO, WORK_INFO, TILE_ROWS, OUT, OUT_LSE, PART_O, PART_LSE,
-              Q_SCALE, KV_SCALE, sm_scale, H, NQ, D_NOPE, BLOCK_N, RING, MASK_TAIL, REPORT, INFO_COLS)  # fmt: skip
 
 
 @gluon.jit
@@ -276,22 +245,25 @@ def stage1_kernel(
     # q of the first work, then the ring's tiles in stream order (each warpgroup's first, then their second ones)
     if w_begin < w_end:
         _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
-    _issue_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, RING)
+    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, RING)
     if RING > 1:
-        _issue_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, RING)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, RING)
     if RING > 2:
-        _issue_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, RING)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, RING)
     if RING > 3:
-        _issue_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row3, 3, n_tiles, RING)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row3, 3, n_tiles, RING)
 
-    # (the argument tuples written out in the call: a tuple bound to a name would turn the constexprs into tensors)
+    # Both partitions run `_consumer`, `WG` 0 (the default) and 1 (the worker); the argument tuples are written out in
+    # the call (a tuple bound to a name would turn the constexprs into tensors).
     gl.warp_specialize([
-        (_default, (qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_o, x_ml, ready,
-                    used, q_bar, q_free, x_full, x_empty, CTA_INFO, WORK_INFO, TILE_ROWS, OUT, OUT_LSE, PART_O,
-                    PART_LSE, Q_SCALE, KV_SCALE, sm_scale, H, NQ, D_NOPE, BLOCK_N, RING, MASK_TAIL, REPORT, INFO_COLS)),
-        (_worker, (qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_o, x_ml, ready,
-                   used, q_bar, q_free, x_full, x_empty, CTA_INFO, WORK_INFO, TILE_ROWS, OUT, OUT_LSE, PART_O,
-                   PART_LSE, Q_SCALE, KV_SCALE, sm_scale, H, NQ, D_NOPE, BLOCK_N, RING, MASK_TAIL, REPORT, INFO_COLS)),
+        (_consumer, (0, qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_o, x_ml,
+                     ready, used, q_bar, q_free, x_full, x_empty, CTA_INFO, WORK_INFO, TILE_ROWS, OUT, OUT_LSE, PART_O,
+                     PART_LSE, Q_SCALE, KV_SCALE, sm_scale, H, NQ, D_NOPE, BLOCK_N, RING, MASK_TAIL, REPORT,
+                     INFO_COLS)),
+        (_consumer, (1, qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_smem, qn_smem, qr_smem, p_smem, x_o, x_ml,
+                     ready, used, q_bar, q_free, x_full, x_empty, CTA_INFO, WORK_INFO, TILE_ROWS, OUT, OUT_LSE, PART_O,
+                     PART_LSE, Q_SCALE, KV_SCALE, sm_scale, H, NQ, D_NOPE, BLOCK_N, RING, MASK_TAIL, REPORT,
+                     INFO_COLS)),
     ], [4], [WORKER_REGS])  # fmt: skip
     for i in gl.static_range(RING):
         mbarrier.invalidate(ready.index(i))
