@@ -60,6 +60,11 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2g2": (1, dict(hopper_warpgroups=2, hopper_stages=2)),
     "v2g4-nopdl": (1, dict(hopper_warpgroups=2, hopper_stages=4, pdl=False)),
     "auto-nopdl": (1, dict(pdl=False)),
+    # only the ring's first 1 / 2 tiles issued at the start, the rest once the CTA's first tile has arrived (3 stages;
+    # v2s4b2: 4 stages, 2 at the start)
+    "v2b1": (1, dict(hopper_variant="v-regs", hopper_first_burst=1)),
+    "v2b2": (1, dict(hopper_variant="v-regs", hopper_first_burst=2)),
+    "v2s4b2": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_first_burst=2)),
 }
 
 

@@ -205,6 +205,30 @@ def test_two_warpgroup_kernel_compiles_for_sm90(triton_copy: str) -> None:
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+def test_deferred_ring_fill_compiles_with_the_same_copies() -> None:
+    """``hopper_first_burst``: the ring's later first tiles move from the start into the loop (after the first tile's
+    wait), so the kernel issues as many TMA copies as with the whole ring at once; same wgmmas, no spills, no bank
+    conflicts (this environment's Triton; the H200's 3.6 is checked in the test below when present)."""
+    code = (
+        f"import sys; sys.path.insert(0, {ROOT!r})\n"
+        "from mlalab.splitkv.sm90_build import compile_hopper\n"
+        "for v, fb in [('v-regs', 0), ('v-regs', 1), ('v-regs', 2), ('vt-smem', 0), ('vt-smem', 2)]:\n"
+        "    r = compile_hopper(3, variant=v, first_burst=fb)\n"
+        "    tma = sum(n for k, n in r.sass.items() if k.startswith('UTMALDG'))\n"
+        "    print('R', v, fb, r.stack_bytes, ','.join(map(str, r.bank_conflicts)), tma,\n"
+        "          r.sass.get('QGMMA.64x16x32.F32.E4M3.E4M3', 0))\n"
+    )
+    env = _compile_env("h200") if _h200_triton() else _compile_env("environment")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {(v, fb): rest for _, v, fb, *rest in (ln.split() for ln in r.stdout.splitlines() if ln.startswith("R "))}
+    assert len(rows) == 5, r.stdout
+    for (v, _), (stack, conflicts, tma, qgmma) in rows.items():
+        assert stack == "0" and set(conflicts.split(",")) == {"0"} and qgmma == "34", r.stdout
+        assert tma == rows[(v, "0")][2], r.stdout  # the same copies, issued elsewhere
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
 def test_partial_row_bits_match_the_epilogue_relabellings() -> None:
     """The head-minor partial store puts accumulator row m at value dim d by bit maps (`VT_ROW_BITS`,
     `VREGS_ROW_BITS`); the bf16 epilogues undo the same row orders π by register relabellings (reshape + permute).
@@ -295,7 +319,12 @@ def test_cta_info_rows_and_variant_choice() -> None:
                      (dict(hopper_warpgroups=2, hopper_merge_splits=2), "written for the v-regs path"),
                      (dict(hopper_warpgroups=2, hopper_ablate="qk"), "written for the v-regs path"),
                      (dict(hopper_warpgroups=2, hopper_block=128, hopper_stages=2),
-                      "hopper_warpgroups must be 1")]:  # fmt: skip
+                      "hopper_warpgroups must be 1"),
+                     (dict(hopper_first_burst=3), "hopper_first_burst must be 0 .* or 1 to hopper_stages - 1 = 2"),
+                     (dict(hopper_first_burst=-1), "hopper_first_burst must be 0"),
+                     (dict(hopper_first_burst=True), "hopper_first_burst must be 0"),
+                     (dict(hopper_first_burst=1, hopper_warpgroups=2, hopper_stages=3),
+                      "knob of the one-warpgroup kernel")]:  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             TritonDecoder(p, plan, config=KernelConfig(**bad))
     # 128-token tiles need pages of a multiple of 128 (or page size 1 with the identity table)
@@ -367,6 +396,10 @@ _CONFIGS = {
     "v-regs-2wg-4": KernelConfig(hopper_warpgroups=2, hopper_stages=4),
     "v-regs-2wg-3": KernelConfig(hopper_warpgroups=2, hopper_stages=3),
     "v-regs-2wg-1": KernelConfig(hopper_warpgroups=2, hopper_stages=1),
+    # only the ring's first 1 / 2 tiles issued at the start, the rest once the first tile has arrived
+    "v-regs-burst-1": KernelConfig(hopper_variant="v-regs", hopper_first_burst=1),
+    "vt-smem-burst-2": KernelConfig(hopper_variant="vt-smem", hopper_first_burst=2),
+    "v-regs-4-stages-burst-2": KernelConfig(hopper_variant="v-regs", hopper_stages=4, hopper_first_burst=2),
 }
 
 
@@ -580,3 +613,7 @@ def test_sm90_build_refuses_bad_options_before_compiling() -> None:
         compile_hopper(2, variant="vt-smem", warpgroups=2)
     with pytest.raises(ValueError, match="stages must be 1 to 4"):
         compile_hopper(5, variant="v-regs", warpgroups=2)
+    with pytest.raises(ValueError, match="first_burst must be 0 or 1 to stages - 1"):
+        compile_hopper(3, variant="v-regs", first_burst=3)
+    with pytest.raises(ValueError, match="first_burst must be 0 or 1 to stages - 1"):
+        compile_hopper(3, variant="v-regs", warpgroups=2, first_burst=1)

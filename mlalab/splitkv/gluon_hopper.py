@@ -173,6 +173,26 @@ def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, 
 
 
 @gluon.jit
+def _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, row3, row4, n_tiles,
+                    NUM_STAGES: gl.constexpr, FIRST_BURST: gl.constexpr):  # fmt: skip
+    """Issue the ring's tiles ``FIRST_BURST .. NUM_STAGES - 1`` (rows `row1` .. `row4` of tiles 1 .. 4).
+
+    Why defer them: when every SM issues its whole ring at once, the HBM serves all those tiles interleaved and a
+    CTA's first tile lands with the last of them — 4.6-4.9 µs after the start with 3 tiles per SM, 2.8 µs with 2,
+    2.0-2.5 with 1 (data/profiles/h200_2026-12-03s7_timeline.csv) — while the stream afterwards is paced by compute,
+    not bytes, so the later tiles are not needed that early. (Session 7's ramp spaced the ring's issues with a spin
+    *before* the first tile's compute, which delayed that compute by as much: no gain.)"""
+    if FIRST_BURST <= 1 and NUM_STAGES > 1:
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES)
+    if FIRST_BURST <= 2 and NUM_STAGES > 2:
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES)
+    if FIRST_BURST <= 3 and NUM_STAGES > 3:
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row3, 3, n_tiles, NUM_STAGES)
+    if FIRST_BURST <= 4 and NUM_STAGES > 4:
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row4, 4, n_tiles, NUM_STAGES)
+
+
+@gluon.jit
 def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row, j, H: gl.constexpr):
     """TMA the 16 head rows of q row `q_row` (the CTA's j-th work) into q buffer ``j % 2``."""
     b = j % 2
@@ -331,6 +351,7 @@ def _stage1_kernel(
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV)
     Q_FIRST: gl.constexpr,  # the first work's q TMA before the ring's first tiles (else after them)
+    FIRST_BURST: gl.constexpr,  # ring tiles issued at the start (NUM_STAGES: all); the rest once tile 0 has arrived
     WARP_XCHG: gl.constexpr,  # maxima / softmax sums across the 4 warps with one barrier each (`_across_warps`)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     MERGE_MAX: gl.constexpr,  # 0, or a power of two: requests split in <= MERGE_MAX merged here by their last CTA
@@ -344,6 +365,7 @@ def _stage1_kernel(
     gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     gl.static_assert(NUM_STAGES <= 5 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
+    gl.static_assert(FIRST_BURST >= 1 and FIRST_BURST <= NUM_STAGES, "the first burst is 1 to NUM_STAGES tiles")
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)  # fmt: skip
@@ -360,6 +382,10 @@ def _stage1_kernel(
     t_end = gl.load(head + 3)
     q_row0 = gl.load(head + 4)
     row0 = gl.load(head + 5)
+    row1 = 0  # (rows of tiles the ring does not hold: never issued)
+    row2 = 0
+    row3 = 0
+    row4 = 0
     if NUM_STAGES > 1:
         row1 = gl.load(head + 6)
     if NUM_STAGES > 2:
@@ -408,13 +434,13 @@ def _stage1_kernel(
         if w_begin < w_end:
             _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
     _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, NUM_STAGES)
-    if NUM_STAGES > 1:
+    if NUM_STAGES > 1 and FIRST_BURST > 1:
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES)
-    if NUM_STAGES > 2:
+    if NUM_STAGES > 2 and FIRST_BURST > 2:
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES)
-    if NUM_STAGES > 3:
+    if NUM_STAGES > 3 and FIRST_BURST > 3:
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row3, 3, n_tiles, NUM_STAGES)
-    if NUM_STAGES > 4:
+    if NUM_STAGES > 4 and FIRST_BURST > 4:
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row4, 4, n_tiles, NUM_STAGES)
     if not Q_FIRST:  # noqa: SIM102
         if w_begin < w_end:
@@ -450,6 +476,10 @@ def _stage1_kernel(
             row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
+            if FIRST_BURST < NUM_STAGES:  # noqa: SIM102
+                if it == 0:  # the first burst has landed: the rest of the ring goes out now (`_issue_deferred`)
+                    _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, row3, row4, n_tiles,
+                                    NUM_STAGES, FIRST_BURST)  # fmt: skip
             if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
                 if it < TIMELINE_MAX:
                     _stamp(tl_row, 8 + it)

@@ -91,13 +91,15 @@ def compile_hopper(
     merge_max: int = 0,
     block: int = 64,
     warpgroups: int = 1,
+    first_burst: int = 0,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs``) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
     ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two; ``block``: its ``BLOCK_N``, 64 (one warpgroup)
     or 128 (two, v-regs only); ``warpgroups=2``: `gluon_hopper_2wg`, two warpgroups on alternate tiles sharing a
-    ring of `stages` tiles, v-regs only, without the other options); see the module docstring."""
+    ring of `stages` tiles, v-regs only, without the other options; ``first_burst``: its ``FIRST_BURST``, 0 = `stages`);
+    see the module docstring."""
     import torch
     from triton.runtime.driver import driver
 
@@ -136,6 +138,8 @@ def compile_hopper(
         most = HOPPER_MAX_STAGES_2WG
     if not 1 <= stages <= most:
         raise ValueError(f"stages must be 1 to {most} on the {variant} path with {block}-token tiles, got {stages!r}")
+    if type(first_burst) is not int or not 0 <= first_burst < stages or (first_burst and warpgroups == 2):
+        raise ValueError(f"first_burst must be 0 or 1 to stages - 1 (one warpgroup), got {first_burst!r}")
 
     driver.set_active(_Sm90Driver())
     q = torch.zeros(4 * 16, 576, dtype=torch.float8_e4m3fn)
@@ -165,8 +169,9 @@ def compile_hopper(
                     one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16,
                     NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                     LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", WAIT_PRIOR=False, TIMELINE=timeline,
-                    ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, WARP_XCHG=warp_exchange,
-                    INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True, num_warps=block // 16, grid=(1,),
+                    ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, FIRST_BURST=first_burst or stages,
+                    WARP_XCHG=warp_exchange, INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True,
+                    num_warps=block // 16, grid=(1,),
                 )  # fmt: skip
     finally:
         if old_cache is None:

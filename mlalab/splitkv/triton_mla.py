@@ -204,6 +204,11 @@ class KernelConfig:
     sharing one ring of ``hopper_stages`` (1 to 4) tiles, each with its own softmax state and Oᵀ, merged once per work
     inside the CTA (`gluon_hopper_2wg`; v-regs, 64-token tiles, no warp exchange, merge, ablation or time line).
     Correct on the H200 but slower: 0.779x-0.814x vs 0.699x-0.702x (data/profiles/h200_2026-12-03_ab_2wg*.csv), so 1.
+    ``hopper_first_burst`` (hopper; 0 = the whole ring at once, the default): only this many of the ring's first tiles
+    (1 to ``hopper_stages`` - 1) are issued at the start, the rest once the CTA's first tile has arrived
+    (`gluon_hopper._issue_deferred`: with every SM's ring issued at once the first tile lands with the last of them).
+    Not yet timed on the H200 (session 10 ran out of device time before its A/B; ``scripts/hopper_ab.py --variants
+    auto,v2b1,v2b2``).
     The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -226,6 +231,7 @@ class KernelConfig:
     hopper_merge_splits: int = 0
     hopper_block: int = 64
     hopper_warpgroups: int = 1
+    hopper_first_burst: int = 0
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -471,6 +477,11 @@ class TritonDecoder:
                                  f"memory (hopper_stages={config.hopper_stages}; pass hopper_stages=2 or 1)")  # fmt: skip
         if type(config.hopper_warpgroups) is not int or config.hopper_warpgroups not in (1, 2):
             raise ValueError(f"hopper_warpgroups must be 1 or 2, got {config.hopper_warpgroups!r}")
+        if type(config.hopper_first_burst) is not int or not 0 <= config.hopper_first_burst < config.hopper_stages:
+            raise ValueError(f"hopper_first_burst must be 0 (the whole ring at once) or 1 to hopper_stages - 1 "
+                             f"= {config.hopper_stages - 1}, got {config.hopper_first_burst!r}")  # fmt: skip
+        if config.hopper_first_burst and config.hopper_warpgroups == 2:
+            raise ValueError("hopper_first_burst is a knob of the one-warpgroup kernel (hopper_warpgroups=1)")
         if config.hopper_warpgroups == 2:
             if (
                 config.hopper_variant == "vt-smem"
@@ -659,7 +670,8 @@ class TritonDecoder:
                   LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
                   WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
                   ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
-                  Q_FIRST=c.hopper_q_first, WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
+                  Q_FIRST=c.hopper_q_first, FIRST_BURST=c.hopper_first_burst or c.hopper_stages,
+                  WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
                   MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
         chain = {"launch_pdl": True} if self.pdl_chain else {}
         if c.hopper_warpgroups == 2:
