@@ -193,6 +193,12 @@ def _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, row3,
 
 
 @gluon.jit
+def _work_row(info):
+    """A work's row of `token_work_info` (8 int32 at `info`): partial row (-1: none), first q row, KV token range."""
+    return gl.load(info + 1), gl.load(info + 2), gl.load(info + 4), gl.load(info + 5)
+
+
+@gluon.jit
 def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row, j, H: gl.constexpr):
     """TMA the 16 head rows of q row `q_row` (the CTA's j-th work) into q buffer ``j % 2``."""
     b = j % 2
@@ -458,10 +464,7 @@ def _stage1_kernel(
     for w in range(w_begin, w_end):
         j = w - w_begin
         info = WORK_INFO + w * 8
-        partial_loc = gl.load(info + 1)
-        qo_start = gl.load(info + 2)
-        kv_start = gl.load(info + 4)
-        kv_end = gl.load(info + 5)
+        partial_loc, qo_start, kv_start, kv_end = _work_row(info)
         qb = j % 2
         mbarrier.wait(q_bar.index(qb), (j // 2) & 1)
         if w + 1 < w_end:  # buffer (j+1) % 2 held work w-1's q, whose MMAs all completed in its epilogue

@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_hopper import _cta_barrier, _issue_kv_tile, _issue_q
+from .gluon_hopper import _cta_barrier, _issue_kv_tile, _issue_q, _work_row
 from .gluon_hopper_vreg import _p_operand, _pv_operand, _store_work_vregs
 
 __all__ = ["stage1_kernel", "HANDOVER_LAYOUT"]
@@ -87,10 +87,7 @@ def _consumer(WG: gl.constexpr, qn_desc, qr_desc, kn_desc, kr_desc, kn_smem, kr_
     for w in range(w_begin, w_end):
         j = w - w_begin
         info = WORK_INFO + w * 8
-        partial_loc = gl.load(info + 1)
-        qo_start = gl.load(info + 2)
-        kv_start = gl.load(info + 4)
-        kv_end = gl.load(info + 5)
+        partial_loc, qo_start, kv_start, kv_end = _work_row(info)
         n = (kv_end - kv_start + BLOCK_N - 1) // BLOCK_N  # the work's tiles: this warpgroup's are t0, t0 + 2, ...
         qb = j % 2
         if WG == 0:  # noqa: SIM102
