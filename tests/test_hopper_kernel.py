@@ -589,31 +589,26 @@ def test_gpu_ablations_skip_the_compute_they_name(variant: str) -> None:
     assert torch.count_nonzero(_poisoned_run(none)[0]) == 0
 
 
+_BAD_BUILDS = [  # (stages, options, error, message)
+    (3, dict(ablate=3), ValueError, "ablate must be 0"),
+    (3, dict(variant="v-regs", warp_exchange=1), TypeError, "warp_exchange must be True or False"),
+    (4, dict(variant="vt-smem"), ValueError, "stages must be 1 to 3 on the vt-smem path"),
+    (3, dict(variant="fast"), ValueError, "variant must be"),
+    (2, dict(variant="v-regs", block=96), ValueError, "block must be one of"),
+    (2, dict(variant="vt-smem", block=128), ValueError, "written for the v-regs path"),
+    (3, dict(variant="v-regs", block=128), ValueError, "stages must be 1 to 2 on the v-regs path with 128-token tiles"),
+    (2, dict(variant="v-regs", warpgroups=3), ValueError, "warpgroups must be 1 or 2"),
+    (2, dict(variant="vt-smem", warpgroups=2), ValueError, "warpgroups=2 is written for the v-regs path"),
+    (5, dict(variant="v-regs", warpgroups=2), ValueError, "stages must be 1 to 4"),
+    (3, dict(variant="v-regs", first_burst=3), ValueError, "first_burst must be 0 or 1 to stages - 1"),
+    (3, dict(variant="v-regs", warpgroups=2, first_burst=1), ValueError, "first_burst must be 0 or 1 to stages - 1"),
+]
+
+
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
-def test_sm90_build_refuses_bad_options_before_compiling() -> None:
+@pytest.mark.parametrize(("stages", "options", "error", "message"), _BAD_BUILDS)
+def test_sm90_build_refuses_bad_options_before_compiling(stages: int, options: dict, error: type, message: str) -> None:
     from mlalab.splitkv.sm90_build import compile_hopper
 
-    with pytest.raises(ValueError, match="ablate must be 0"):
-        compile_hopper(3, ablate=3)
-    with pytest.raises(TypeError, match="warp_exchange must be True or False"):
-        compile_hopper(3, variant="v-regs", warp_exchange=1)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="stages must be 1 to 3 on the vt-smem path"):
-        compile_hopper(4, variant="vt-smem")
-    with pytest.raises(ValueError, match="variant must be"):
-        compile_hopper(3, variant="fast")
-    with pytest.raises(ValueError, match="block must be one of"):
-        compile_hopper(2, variant="v-regs", block=96)
-    with pytest.raises(ValueError, match="written for the v-regs path"):
-        compile_hopper(2, variant="vt-smem", block=128)
-    with pytest.raises(ValueError, match="stages must be 1 to 2 on the v-regs path with 128-token tiles"):
-        compile_hopper(3, variant="v-regs", block=128)
-    with pytest.raises(ValueError, match="warpgroups must be 1 or 2"):
-        compile_hopper(2, variant="v-regs", warpgroups=3)
-    with pytest.raises(ValueError, match="warpgroups=2 is written for the v-regs path"):
-        compile_hopper(2, variant="vt-smem", warpgroups=2)
-    with pytest.raises(ValueError, match="stages must be 1 to 4"):
-        compile_hopper(5, variant="v-regs", warpgroups=2)
-    with pytest.raises(ValueError, match="first_burst must be 0 or 1 to stages - 1"):
-        compile_hopper(3, variant="v-regs", first_burst=3)
-    with pytest.raises(ValueError, match="first_burst must be 0 or 1 to stages - 1"):
-        compile_hopper(3, variant="v-regs", warpgroups=2, first_burst=1)
+    with pytest.raises(error, match=message):
+        compile_hopper(stages, **options)
