@@ -70,6 +70,8 @@ def test_refusals_name_the_reason() -> None:
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(kernel="cuda"))
     with pytest.raises(ValueError, match="hopper_stages must be 1 to 5"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=6))
+    with pytest.raises(ValueError, match="hopper_stages must be 1 to 5"):  # (not a message about the first burst)
+        TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=0))
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -212,17 +214,19 @@ def test_deferred_ring_fill_compiles_with_the_same_copies() -> None:
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "from mlalab.splitkv.sm90_build import compile_hopper\n"
-        "for v, fb in [('v-regs', 0), ('v-regs', 1), ('v-regs', 2), ('vt-smem', 0), ('vt-smem', 2)]:\n"
-        "    r = compile_hopper(3, variant=v, first_burst=fb)\n"
+        "runs = [('v-regs', 3, 64, fb) for fb in (0, 1, 2)] + [('vt-smem', 3, 64, fb) for fb in (0, 2)]\n"
+        "runs += [('v-regs', 5, 64, fb) for fb in (0, 1, 4)] + [('v-regs', 2, 128, fb) for fb in (0, 1)]\n"
+        "for v, st, blk, fb in runs:\n"
+        "    r = compile_hopper(st, variant=v, block=blk, first_burst=fb)\n"
         "    tma = sum(n for k, n in r.sass.items() if k.startswith('UTMALDG'))\n"
-        "    print('R', v, fb, r.stack_bytes, ','.join(map(str, r.bank_conflicts)), tma,\n"
+        "    print('R', f'{v}/{st}/{blk}', fb, r.stack_bytes, ','.join(map(str, r.bank_conflicts)), tma,\n"
         "          r.sass.get('QGMMA.64x16x32.F32.E4M3.E4M3', 0))\n"
     )
     env = _compile_env("h200") if _h200_triton() else _compile_env("environment")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {(v, fb): rest for _, v, fb, *rest in (ln.split() for ln in r.stdout.splitlines() if ln.startswith("R "))}
-    assert len(rows) == 5, r.stdout
+    assert len(rows) == 10, r.stdout
     for (v, _), (stack, conflicts, tma, qgmma) in rows.items():
         assert stack == "0" and set(conflicts.split(",")) == {"0"} and qgmma == "34", r.stdout
         assert tma == rows[(v, "0")][2], r.stdout  # the same copies, issued elsewhere
@@ -400,6 +404,10 @@ _CONFIGS = {
     "v-regs-burst-1": KernelConfig(hopper_variant="v-regs", hopper_first_burst=1),
     "vt-smem-burst-2": KernelConfig(hopper_variant="vt-smem", hopper_first_burst=2),
     "v-regs-4-stages-burst-2": KernelConfig(hopper_variant="v-regs", hopper_stages=4, hopper_first_burst=2),
+    "v-regs-5-stages-burst-1": KernelConfig(hopper_variant="v-regs", hopper_stages=5, hopper_first_burst=1),
+    "v-regs-5-stages-burst-4": KernelConfig(hopper_variant="v-regs", hopper_stages=5, hopper_first_burst=4),
+    "v-regs-block128-burst-1": KernelConfig(hopper_block=128, hopper_stages=2, hopper_first_burst=1),
+    "v-regs-merge-4-burst-1": KernelConfig(hopper_variant="v-regs", hopper_merge_splits=4, hopper_first_burst=1),
 }
 
 
@@ -432,6 +440,25 @@ def test_gpu_every_planner_ragged_long_and_empty(planner: str, variant: str) -> 
         x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
         p = prepare(x, "a8w8")
         _check_against_reference(p, build_plan(x, planner, 132), config=_CONFIGS[variant])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", [v for v in _CONFIGS if "2wg" in v or "burst" in v] + ["v-regs-3-stages"])
+def test_gpu_many_works_per_cta(variant: str) -> None:
+    """Plans on a few slots: CTAs with 4-15 works, a first work without tiles followed by works with tiles, several
+    hand-overs in one CTA going to either warpgroup (2wg), q buffers reused more than once (the cases the 132-slot
+    plans above never make; suggested by a review of the deferred ring fill and the two-warpgroup path)."""
+    from mlalab.backends.triton import build_plan
+
+    for lens, planner, slots in [((0, 65, 128, 1, 190, 64, 0, 300, 129, 2), "balanced", 3),
+                                 ((0, 65, 128, 1, 190, 64, 0, 300, 129, 2), "simple", 3),
+                                 ((100,) * 40 + (1,) * 20, "balanced", 8)]:  # fmt: skip
+        x = make_inputs(DecodeCase(kv_lens=lens, seed=7)).to("cuda")
+        p = prepare(x, "a8w8")
+        plan = build_plan(x, planner, slots)
+        assert int(plan.work_indptr.diff().max()) >= 4, (planner, slots)  # the point of the case
+        _check_against_reference(p, plan, config=_CONFIGS[variant])
 
 
 @pytest.mark.gpu

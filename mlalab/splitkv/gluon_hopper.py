@@ -479,13 +479,13 @@ def _stage1_kernel(
             row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
+            if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
+                if it < TIMELINE_MAX:
+                    _stamp(tl_row, 8 + it)
             if FIRST_BURST < NUM_STAGES:  # noqa: SIM102
                 if it == 0:  # the first burst has landed: the rest of the ring goes out now (`_issue_deferred`)
                     _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, row3, row4, n_tiles,
                                     NUM_STAGES, FIRST_BURST)  # fmt: skip
-            if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
-                if it < TIMELINE_MAX:
-                    _stamp(tl_row, 8 + it)
             kn = kn_smem.index(s)
             if V_IN_REGS:
                 # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and

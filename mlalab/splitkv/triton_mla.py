@@ -477,11 +477,6 @@ class TritonDecoder:
                                  f"memory (hopper_stages={config.hopper_stages}; pass hopper_stages=2 or 1)")  # fmt: skip
         if type(config.hopper_warpgroups) is not int or config.hopper_warpgroups not in (1, 2):
             raise ValueError(f"hopper_warpgroups must be 1 or 2, got {config.hopper_warpgroups!r}")
-        if type(config.hopper_first_burst) is not int or not 0 <= config.hopper_first_burst < config.hopper_stages:
-            raise ValueError(f"hopper_first_burst must be 0 (the whole ring at once) or 1 to hopper_stages - 1 "
-                             f"= {config.hopper_stages - 1}, got {config.hopper_first_burst!r}")  # fmt: skip
-        if config.hopper_first_burst and config.hopper_warpgroups == 2:
-            raise ValueError("hopper_first_burst is a knob of the one-warpgroup kernel (hopper_warpgroups=1)")
         if config.hopper_warpgroups == 2:
             if (
                 config.hopper_variant == "vt-smem"
@@ -497,6 +492,11 @@ class TritonDecoder:
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
+        if type(config.hopper_first_burst) is not int or not 0 <= config.hopper_first_burst < config.hopper_stages:
+            raise ValueError(f"hopper_first_burst must be 0 (the whole ring at once) or 1 to hopper_stages - 1 "
+                             f"= {config.hopper_stages - 1}, got {config.hopper_first_burst!r}")  # fmt: skip
+        if config.hopper_first_burst and config.hopper_warpgroups == 2:
+            raise ValueError("hopper_first_burst is a knob of the one-warpgroup kernel (hopper_warpgroups=1)")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
         plan.validate(prepared.qo_indptr, prepared.kv_indptr)  # once per plan: a broken plan never reaches the GPU
         # the kernel walks token positions; WorkPlan counts kv_indices positions (pages): translate once, here
