@@ -580,6 +580,27 @@ class TritonDecoder:
                 merged[tiles] = True
                 keep = (counts >= 2) & ~merged
                 self.split_tiles = torch.nonzero(keep).flatten().to(device=dev, dtype=torch.int32)
+            self._launch_kw = self._hopper_launch_kw()
+
+    def _hopper_launch_kw(self) -> dict[str, Any]:
+        """The sm_90 stage 1's compile-time arguments and launch options, fixed per decoder (built once, not per
+        call; ``TIMELINE`` is added per launch of the one-warpgroup kernel)."""
+        p, c = self.p, self.config
+        kw: dict[str, Any] = dict(H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim,
+                                  BLOCK_N=self.block, MASK_TAIL=not (p.contiguous and p.page_size == 1),
+                                  LAUNCH_DEPENDENTS=self.use_pdl, WAIT_PRIOR=self.pdl_chain,
+                                  INFO_COLS=HOPPER_INFO_COLS, REPORT=False)  # fmt: skip
+        if self.pdl_chain:
+            kw["launch_pdl"] = True
+        if c.hopper_warpgroups == 2:
+            from . import gluon_hopper_2wg
+
+            self.G2 = gluon_hopper_2wg
+            return dict(kw, RING=c.hopper_stages, WORKER_REGS=HOPPER_2WG_WORKER_REGS, num_warps=4)
+        return dict(kw, NUM_STAGES=c.hopper_stages, V_IN_REGS=self.hopper_variant == "v-regs",
+                    ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
+                    Q_FIRST=c.hopper_q_first, FIRST_BURST=c.hopper_first_burst or c.hopper_stages,
+                    WARP_XCHG=c.hopper_warp_exchange, MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
 
     @property
     def ran(self) -> str:
@@ -664,35 +685,18 @@ class TritonDecoder:
                 self._empty_kv = kv  # (kept alive with its descriptor)
             descs = self.G.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads, self.block)
             self._descs[key] = descs
-        p, c = self.p, self.config
-        kw = dict(H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.block,
-                  NUM_STAGES=c.hopper_stages, MASK_TAIL=not (p.contiguous and p.page_size == 1),
-                  LAUNCH_DEPENDENTS=self.use_pdl, V_IN_REGS=self.hopper_variant == "v-regs",
-                  WAIT_PRIOR=self.pdl_chain, TIMELINE=timeline is not None, REPORT=False,
-                  ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
-                  Q_FIRST=c.hopper_q_first, FIRST_BURST=c.hopper_first_burst or c.hopper_stages,
-                  WARP_XCHG=c.hopper_warp_exchange, INFO_COLS=HOPPER_INFO_COLS,
-                  MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
-        chain = {"launch_pdl": True} if self.pdl_chain else {}
-        if c.hopper_warpgroups == 2:
-            from . import gluon_hopper_2wg
-
-            if timeline is not None:
-                raise ValueError(
-                    "hopper_warpgroups=2 has no time-line stamps (stage1_timeline runs hopper_warpgroups=1)"
-                )
-            gluon_hopper_2wg.stage1_kernel[(self.n_cu,)](
+        p = self.p
+        if self.config.hopper_warpgroups == 2:  # (no time-line stamps: stage1_timeline refuses this path first)
+            self.G2.stage1_kernel[(self.n_cu,)](
                 *descs, self.cta_info, self.work_info, self.tile_rows, self.out, self.lse, self.part_o,
-                self.part_lse, p.q_scale, p.kv_scale, self.sm_scale, H=MLA.num_heads, NQ=MLA.num_heads,
-                D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=self.block, RING=c.hopper_stages,
-                MASK_TAIL=kw["MASK_TAIL"], LAUNCH_DEPENDENTS=self.use_pdl, WAIT_PRIOR=self.pdl_chain,
-                INFO_COLS=HOPPER_INFO_COLS, WORKER_REGS=HOPPER_2WG_WORKER_REGS, REPORT=False, num_warps=4, **chain,
+                self.part_lse, p.q_scale, p.kv_scale, self.sm_scale, **self._launch_kw,
             )  # fmt: skip
             return
         stamps = self.lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
         self.G.stage1_kernel[(self.n_cu,)](
             *descs, self.cta_info, self.work_info, self.tile_rows, self.out, self.lse, self.part_o, self.part_lse,
-            p.q_scale, p.kv_scale, self.sm_scale, stamps, self.merge_info, self.merge_counters, **kw, **chain,
+            p.q_scale, p.kv_scale, self.sm_scale, stamps, self.merge_info, self.merge_counters,
+            TIMELINE=timeline is not None, **self._launch_kw,
         )  # fmt: skip
 
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
