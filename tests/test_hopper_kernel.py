@@ -25,10 +25,12 @@ from mlalab.config import DecodeCase
 from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.splitkv import PLANNERS, make_plan
 from mlalab.splitkv.triton_mla import (
+    HOPPER_FIRST_BURST,
     HOPPER_MAX_STAGES,
     HOPPER_MAX_STAGES_128,
     KernelConfig,
     TritonDecoder,
+    first_burst,
     hopper_import_error,
     hopper_tiles,
     hopper_unsupported,
@@ -324,9 +326,10 @@ def test_cta_info_rows_and_variant_choice() -> None:
                      (dict(hopper_warpgroups=2, hopper_ablate="qk"), "written for the v-regs path"),
                      (dict(hopper_warpgroups=2, hopper_block=128, hopper_stages=2),
                       "hopper_warpgroups must be 1"),
-                     (dict(hopper_first_burst=3), "hopper_first_burst must be 0 .* or 1 to hopper_stages - 1 = 2"),
-                     (dict(hopper_first_burst=-1), "hopper_first_burst must be 0"),
-                     (dict(hopper_first_burst=True), "hopper_first_burst must be 0"),
+                     (dict(hopper_first_burst=3), "hopper_first_burst must be None .* or 1 to hopper_stages - 1 = 2"),
+                     (dict(hopper_first_burst=-1), "hopper_first_burst must be None"),
+                     (dict(hopper_first_burst=True), "hopper_first_burst must be None"),
+                     (dict(hopper_first_burst=2.0), "hopper_first_burst must be None"),
                      (dict(hopper_first_burst=1, hopper_warpgroups=2, hopper_stages=3),
                       "knob of the one-warpgroup kernel")]:  # fmt: skip
         with pytest.raises(ValueError, match=msg):
@@ -334,6 +337,22 @@ def test_cta_info_rows_and_variant_choice() -> None:
     # 128-token tiles need pages of a multiple of 128 (or page size 1 with the identity table)
     paged = prepare(make_inputs(DecodeCase(kv_lens=(300, 70), page_size=64)), "a8w8")
     assert "multiple of 128" in hopper_unsupported(paged, None, block=128)
+
+
+def test_first_burst_rule() -> None:
+    """``hopper_first_burst``: None issues `HOPPER_FIRST_BURST` tiles at the start only where a CTA streams more tiles
+    than that through a deeper ring (one warpgroup); elsewhere, and for 0, the whole ring; an explicit count stays."""
+    assert HOPPER_FIRST_BURST == 2
+    auto = KernelConfig()
+    assert [first_burst(auto, n) for n in (0, 1, 2, 3, 64)] == [3, 3, 3, 2, 2]
+    assert first_burst(KernelConfig(hopper_stages=2), 64) == 2  # the ring is the burst
+    assert first_burst(KernelConfig(hopper_stages=5), 64) == 2
+    assert first_burst(KernelConfig(hopper_first_burst=0), 64) == 3
+    assert first_burst(KernelConfig(hopper_first_burst=1, hopper_stages=4), 1) == 1
+    assert first_burst(KernelConfig(hopper_warpgroups=2, hopper_stages=4), 64) == 4
+    for bad in (-1, 2.0, None):
+        with pytest.raises(ValueError, match="most_tiles must be an int >= 0"):
+            first_burst(auto, bad)  # type: ignore[arg-type]
 
 
 def test_merge_info_picks_small_one_row_splits_and_names_their_rows() -> None:
@@ -402,6 +421,7 @@ _CONFIGS = {
     "v-regs-2wg-1": KernelConfig(hopper_warpgroups=2, hopper_stages=1),
     # only the ring's first 1 / 2 tiles issued at the start, the rest once the first tile has arrived
     "v-regs-burst-1": KernelConfig(hopper_variant="v-regs", hopper_first_burst=1),
+    "v-regs-whole-ring": KernelConfig(hopper_variant="v-regs", hopper_first_burst=0),  # (the default up to run 11)
     "vt-smem-burst-2": KernelConfig(hopper_variant="vt-smem", hopper_first_burst=2),
     "v-regs-4-stages-burst-2": KernelConfig(hopper_variant="v-regs", hopper_stages=4, hopper_first_burst=2),
     "v-regs-5-stages-burst-1": KernelConfig(hopper_variant="v-regs", hopper_stages=5, hopper_first_burst=1),

@@ -204,11 +204,11 @@ class KernelConfig:
     sharing one ring of ``hopper_stages`` (1 to 4) tiles, each with its own softmax state and Oᵀ, merged once per work
     inside the CTA (`gluon_hopper_2wg`; v-regs, 64-token tiles, no warp exchange, merge, ablation or time line).
     Correct on the H200 but slower: 0.779x-0.814x vs 0.699x-0.702x (data/profiles/h200_2026-12-03_ab_2wg*.csv), so 1.
-    ``hopper_first_burst`` (hopper; 0 = the whole ring at once, the default): only this many of the ring's first tiles
-    (1 to ``hopper_stages`` - 1) are issued at the start, the rest once the CTA's first tile has arrived
-    (`gluon_hopper._issue_deferred`: with every SM's ring issued at once the first tile lands with the last of them).
-    Not yet timed on the H200 (session 10 ran out of device time before its A/B; ``scripts/hopper_ab.py --variants
-    auto,v2b1,v2b2``).
+    ``hopper_first_burst`` (hopper, one warpgroup): only this many of the ring's first tiles (1 to ``hopper_stages``
+    - 1) are issued at the start, the rest once the CTA's first tile has arrived (`gluon_hopper._issue_deferred`:
+    with every SM's ring issued at once the first tile lands with the last of them); 0 = the whole ring at once;
+    None (the default) = `HOPPER_FIRST_BURST` tiles when some CTA of the plan streams more tiles than that and the
+    ring is deeper, else the whole ring (where the two issue the same tiles, the plain kernel runs).
     The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -231,7 +231,7 @@ class KernelConfig:
     hopper_merge_splits: int = 0
     hopper_block: int = 64
     hopper_warpgroups: int = 1
-    hopper_first_burst: int = 0
+    hopper_first_burst: int | None = None
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -325,6 +325,27 @@ HOPPER_ABLATIONS = {"none": 0, "qk": 1, "qk+pv": 2}
 #: 6.24, 64 x 1024 17.70 vs 19.39, 128 x 8192 141.1 vs 170.6; 16 x 8192 28.28 vs 30.51), so "auto" means v-regs. (The
 #: rule was 16 tiles on 2026-12-02's A/B, data/profiles/h200_2026-12-02_ab_hopper.csv, with the older epilogue.)
 HOPPER_LONG_STREAM = 1
+
+#: The ring tiles a CTA issues at its start when `KernelConfig.hopper_first_burst` is None (auto); the rest follow once
+#: its first tile has arrived. Measured on the H200 (2026-12-03, one process, data/profiles/h200_2026-12-03_ab_burst.csv,
+#: 3 stages): 2 tiles gave 0.688x FlashMLA fp8's geomean against 0.697x for the whole ring and 0.700x for 1 tile; the
+#: first tile lands ~3.6 us after the start instead of 4.6-4.9 (data/profiles/h200_2026-12-03s11_burst2_profile.csv).
+#: CTAs with at most 2 tiles issue the same tiles either way, and the plain kernel measured faster there (4 x 1024:
+#: 5.72 vs 6.23 us, 1 tile per CTA), hence "more tiles than the burst" in the rule.
+HOPPER_FIRST_BURST = 2
+
+
+def first_burst(config: KernelConfig, most_tiles: int) -> int:
+    """The ring tiles the sm_90 stage 1 issues at a CTA's start (its ``FIRST_BURST``; ``hopper_stages`` = all), for a
+    plan whose longest CTA tile stream is `most_tiles` tiles (`KernelConfig.hopper_first_burst`, `HOPPER_FIRST_BURST`)."""
+    if type(most_tiles) is not int or most_tiles < 0:
+        raise ValueError(f"most_tiles must be an int >= 0, got {most_tiles!r}")
+    if config.hopper_first_burst is not None:
+        return config.hopper_first_burst or config.hopper_stages
+    deep_ring = config.hopper_stages > HOPPER_FIRST_BURST
+    if config.hopper_warpgroups == 1 and deep_ring and most_tiles > HOPPER_FIRST_BURST:
+        return HOPPER_FIRST_BURST
+    return config.hopper_stages
 
 
 #: The deepest TMA ring of each sm_90 path (`KernelConfig.hopper_stages`): a stage holds a 64-token tile (36 KB);
@@ -492,9 +513,10 @@ class TritonDecoder:
         if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
                              f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
-        if type(config.hopper_first_burst) is not int or not 0 <= config.hopper_first_burst < config.hopper_stages:
-            raise ValueError(f"hopper_first_burst must be 0 (the whole ring at once) or 1 to hopper_stages - 1 "
-                             f"= {config.hopper_stages - 1}, got {config.hopper_first_burst!r}")  # fmt: skip
+        burst = config.hopper_first_burst
+        if burst is not None and (type(burst) is not int or not 0 <= burst < config.hopper_stages):
+            raise ValueError(f"hopper_first_burst must be None (auto), 0 (the whole ring at once) or 1 to "
+                             f"hopper_stages - 1 = {config.hopper_stages - 1}, got {burst!r}")  # fmt: skip
         if config.hopper_first_burst and config.hopper_warpgroups == 2:
             raise ValueError("hopper_first_burst is a knob of the one-warpgroup kernel (hopper_warpgroups=1)")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
@@ -562,6 +584,8 @@ class TritonDecoder:
                 deep = config.hopper_stages > HOPPER_MAX_STAGES["vt-smem"]
                 wide = config.hopper_block == 128 or config.hopper_warpgroups == 2
                 self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM or deep or wide else "vt-smem"
+            #: tiles of the ring issued at the start (`KernelConfig.hopper_first_burst`; = the stages: all of them)
+            self.first_burst = first_burst(config, most_tiles)
             if config.hopper_stages > HOPPER_MAX_STAGES[self.hopper_variant]:
                 raise ValueError(f"hopper_stages={config.hopper_stages}: the {self.hopper_variant} path holds at most "
                                  f"{HOPPER_MAX_STAGES[self.hopper_variant]} tiles in shared memory")  # fmt: skip
@@ -599,7 +623,7 @@ class TritonDecoder:
             return dict(kw, RING=c.hopper_stages, WORKER_REGS=HOPPER_2WG_WORKER_REGS, num_warps=4)
         return dict(kw, NUM_STAGES=c.hopper_stages, V_IN_REGS=self.hopper_variant == "v-regs",
                     ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
-                    Q_FIRST=c.hopper_q_first, FIRST_BURST=c.hopper_first_burst or c.hopper_stages,
+                    Q_FIRST=c.hopper_q_first, FIRST_BURST=self.first_burst,
                     WARP_XCHG=c.hopper_warp_exchange, MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
 
     @property
