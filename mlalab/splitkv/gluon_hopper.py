@@ -40,10 +40,11 @@ h200_2026-12-02_hopper_dev3 vs dev5). Partials are ours alone (only the reduce r
 reduce waits for this grid's writes.
 
 Measured on the H200 (data/timings/h200_2026-12-03_run12.csv, v-regs on every shape, deferred ring fill): 0.68x FlashMLA
-fp8's geomean over the 12 competition shapes, 104 % of the copy bandwidth at batch 128 × 8192. A CTA spends 1.24-1.31 µs per tile on
-this path (data/profiles/h200_2026-12-03s6b_profile.csv), 1.01-1.11 on v-regs (h200_2026-12-03s7_profile.csv, launch
-clock): one warpgroup serialises QK → softmax → PV, and at small batch the fixed chain (header, first tile, epilogue,
-reduce), not bytes, sets the time: with both wgmmas skipped (``ABLATE``) the call would be 0.625x.
+fp8's geomean over the 12 competition shapes, 104 % of the copy bandwidth at batch 128 × 8192. A CTA spends 1.24-1.31 µs
+per tile on this path (data/profiles/h200_2026-12-03s6b_profile.csv), 1.01-1.11 on v-regs
+(h200_2026-12-03s7_profile.csv, launch clock): one warpgroup serialises QK → softmax → PV, and at small batch the fixed
+chain (header, first tile, epilogue, reduce), not bytes, sets the time: with both wgmmas skipped (``ABLATE``) the call
+would be 0.625x.
 
 A sibling, `gluon_hopper_vreg`, feeds V to the PV wgmma from registers instead of a Vᵀ buffer; since the refill moved
 after the PV it is the faster path on every competition shape, and ``hopper_variant="auto"`` runs it
