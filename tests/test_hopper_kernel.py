@@ -29,9 +29,11 @@ from mlalab.splitkv.triton_mla import (
     HOPPER_MAX_STAGES,
     HOPPER_MAX_STAGES_128,
     KernelConfig,
+    Precision,
     TritonDecoder,
     first_burst,
     hopper_import_error,
+    hopper_ring,
     hopper_tiles,
     hopper_unsupported,
     naive_decode,
@@ -51,7 +53,8 @@ def test_refusals_name_the_reason() -> None:
     x = make_inputs(DecodeCase(kv_lens=(100, 70)))
     plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
-    assert "a8w8 only" in hopper_unsupported(prepare(x, "a16w8"), wi)
+    assert "a8w8 or bf16 only" in hopper_unsupported(prepare(x, "a16w8"), wi)
+    assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "bf16"), wi)  # bf16: the v-tile path
     assert "exact mode" in hopper_unsupported(prepare(x, "a8w8"), wi, pv_exact=True)
     assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "a8w8"), wi)  # this CPU tensor
     assert "e4m3fn" in hopper_unsupported(prepare(x, "a8w8", fp8_format="e4m3fnuz"), wi)
@@ -66,7 +69,7 @@ def test_refusals_name_the_reason() -> None:
     assert "q_len 1" in hopper_unsupported(prepare(spec, "a8w8"), swi)
     assert "q_len 1" in hopper_unsupported(prepare(spec, "a8w8"), None)  # before a plan exists: from qo_indptr
     # asked for explicitly, a refusal is an error naming the reason; "auto" falls back to the portable kernel
-    with pytest.raises(ValueError, match="kernel='hopper' cannot run here: a8w8 only"):
+    with pytest.raises(ValueError, match="kernel='hopper' cannot run here: a8w8 or bf16 only"):
         TritonDecoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="hopper"))
     with pytest.raises(ValueError, match="kernel must be 'auto', 'hopper' or 'portable'"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(kernel="cuda"))
@@ -74,6 +77,20 @@ def test_refusals_name_the_reason() -> None:
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=6))
     with pytest.raises(ValueError, match="hopper_stages must be 1 to 5"):  # (not a message about the first burst)
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=0))
+    with pytest.raises(ValueError, match="hopper_stages must be 1 to 5"):
+        TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=2.0))
+    # the v-tile path is bf16's, and bf16 runs no other sm_90 path (the portable kernel runs any knobs)
+    with pytest.raises(ValueError, match="'v-tile' .* 16-bit types only: bf16 precision, not a8w8"):
+        TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_variant="v-tile"))
+    bf16 = prepare(x, "bf16")
+    for knobs in (dict(hopper_variant="v-regs"), dict(hopper_variant="vt-smem"), dict(hopper_block=128),
+                  dict(hopper_warpgroups=2), dict(hopper_merge_splits=2), dict(hopper_warp_exchange=True),
+                  dict(hopper_ablate="qk")):  # fmt: skip
+        with pytest.raises(ValueError, match="bf16 runs the sm_90 kernel's v-tile path"):
+            TritonDecoder(bf16, plan, config=KernelConfig(**knobs))
+        if "hopper_ablate" not in knobs:  # (an sm_90 experiment: refused on the portable kernel)
+            with pytest.raises(RuntimeError, match="needs a GPU"):  # (past the checks: this CPU cannot launch it)
+                TritonDecoder(bf16, plan, config=KernelConfig(kernel="portable", **knobs))
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -154,7 +171,7 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_cop
     if triton_copy == "h200":
         assert "V 3.6." in r.stdout, r.stdout[:200]
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == sum(HOPPER_MAX_STAGES.values()) + HOPPER_MAX_STAGES_128, r.stdout
+    assert len(rows) == HOPPER_MAX_STAGES["vt-smem"] + HOPPER_MAX_STAGES["v-regs"] + HOPPER_MAX_STAGES_128, r.stdout
     for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(stack) == 0, r.stdout  # nothing in local memory
         assert local == "0", r.stdout  # no local loads/stores, no byte-wise shared loads
@@ -206,6 +223,32 @@ def test_two_warpgroup_kernel_compiles_for_sm90(triton_copy: str) -> None:
         assert int(bars) > 0, r.stdout
         if triton_copy == "h200" and ring != "1":
             assert int(stack) == 0, r.stdout
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+@pytest.mark.parametrize("triton_copy", ["environment", "h200"])
+def test_bf16_v_tile_path_compiles_to_bf16_wgmma_without_spills(triton_copy: str) -> None:
+    """bf16's path (``V_FROM_K``): the scores' 36 and the values' 32 bf16 wgmmas (m64n16k16; the PV's Vᵀ read
+    transposed from the K tile), no fp8 ones, in the 227 KB of shared memory, with and without the paged tail's
+    zeroing, rings of 1 and 2 tiles; no spills with 2 (the default)."""
+    code = (
+        f"import sys; sys.path.insert(0, {ROOT!r})\n"
+        "from mlalab.splitkv.sm90_build import compile_hopper\n"
+        "for st in (1, 2):\n"
+        "  for mask in (False, True):\n"
+        "    r = compile_hopper(st, variant='v-tile', mask_tail=mask)\n"
+        "    gmma = {k: n for k, n in r.sass.items() if 'GMMA' in k}\n"
+        "    print('R', st, mask, r.stack_bytes, r.shared_bytes, gmma)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                       env=_compile_env(triton_copy))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln.split(maxsplit=5) for ln in r.stdout.splitlines() if ln.startswith("R ")]
+    assert len(rows) == 4, r.stdout
+    for _, st, _mask, stack, shared, gmma in rows:
+        # (a 1-tile ring spills a few hundred bytes with Triton 3.6, like the fp8 paths' merge: correct, not fast)
+        assert (stack == "0" or st == "1") and int(shared) <= 227 * 1024, r.stdout
+        assert gmma == "{'HGMMA.64x16x16.F32.BF16': 68}", r.stdout
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
@@ -317,7 +360,7 @@ def test_cta_info_rows_and_variant_choice() -> None:
                      (dict(hopper_block=128, hopper_variant="vt-smem"), "written for the v-regs path"),
                      (dict(hopper_block=128, hopper_merge_splits=4), "written for the v-regs path"),
                      (dict(hopper_block=128, hopper_warp_exchange=True), "written for the v-regs path"),
-                     (dict(hopper_block=128), "at most 2 tiles of 128 tokens"),  # (default 3 stages)
+                     (dict(hopper_block=128, hopper_stages=3), "at most 2 tiles of 128 tokens"),
                      (dict(hopper_warpgroups=3), "hopper_warpgroups must be 1 or 2"),
                      (dict(hopper_warpgroups=2.0), "hopper_warpgroups must be 1 or 2"),
                      (dict(hopper_warpgroups=2, hopper_stages=5), "shares a ring of 1 to 4 tiles"),
@@ -344,15 +387,28 @@ def test_first_burst_rule() -> None:
     than that through a deeper ring (one warpgroup); elsewhere, and for 0, the whole ring; an explicit count stays."""
     assert HOPPER_FIRST_BURST == 2
     auto = KernelConfig()
-    assert [first_burst(auto, n) for n in (0, 1, 2, 3, 64)] == [3, 3, 3, 2, 2]
-    assert first_burst(KernelConfig(hopper_stages=2), 64) == 2  # the ring is the burst
-    assert first_burst(KernelConfig(hopper_stages=5), 64) == 2
-    assert first_burst(KernelConfig(hopper_first_burst=0), 64) == 3
-    assert first_burst(KernelConfig(hopper_first_burst=1, hopper_stages=4), 1) == 1
-    assert first_burst(KernelConfig(hopper_warpgroups=2, hopper_stages=4), 64) == 4
+    assert [first_burst(auto, n, 3) for n in (0, 1, 2, 3, 64)] == [3, 3, 3, 2, 2]
+    assert first_burst(auto, 64, 2) == 2  # the ring is the burst (bf16's 2 tiles, 128-token tiles)
+    assert first_burst(auto, 64, 5) == 2
+    assert first_burst(KernelConfig(hopper_first_burst=0), 64, 3) == 3
+    assert first_burst(KernelConfig(hopper_first_burst=1, hopper_stages=4), 1, 4) == 1
+    assert first_burst(KernelConfig(hopper_warpgroups=2, hopper_stages=4), 64, 4) == 4
     for bad in (-1, 2.0, None):
         with pytest.raises(ValueError, match="most_tiles must be an int >= 0"):
-            first_burst(auto, bad)  # type: ignore[arg-type]
+            first_burst(auto, bad, 3)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="stages must be an int >= 1"):
+            first_burst(auto, 3, bad)  # type: ignore[arg-type]
+
+
+def test_ring_depth_defaults_per_path() -> None:
+    """``hopper_stages=None``: each sm_90 path's default ring (3 fp8 tiles, 2 bf16 tiles, 2 of 128 tokens, 3 shared
+    by two warpgroups); an explicit depth is kept whatever the path (the decoder checks it against the path)."""
+    a8, bf = Precision.A8W8, Precision.BF16
+    assert hopper_ring(KernelConfig(), a8) == 3 and hopper_ring(KernelConfig(), bf) == 2
+    assert hopper_ring(KernelConfig(hopper_variant="vt-smem"), a8) == 3
+    assert hopper_ring(KernelConfig(hopper_block=128), a8) == HOPPER_MAX_STAGES_128 == 2
+    assert hopper_ring(KernelConfig(hopper_warpgroups=2), a8) == 3
+    assert hopper_ring(KernelConfig(hopper_stages=5), a8) == 5 and hopper_ring(KernelConfig(hopper_stages=1), bf) == 1
 
 
 def test_merge_info_picks_small_one_row_splits_and_names_their_rows() -> None:
@@ -611,6 +667,77 @@ def test_gpu_merge_in_stage1_replaces_the_reduce(lens: tuple[int, ...], n_max: i
     other[: other.shape[0] // 2] = p.kv[other.shape[0] // 2 : 2 * (other.shape[0] // 2)]
     ref_b = TritonDecoder(p, plan)(kv=other)[0].clone()
     assert _rel(dec(kv=other)[0].cpu(), ref_b.cpu().double()) <= 2e-3
+
+
+#: bf16's sm_90 path (v-tile: the PV reads Vᵀ straight from the K tile): its default 2-tile ring, 1 tile, and the
+#: deferred fill of a 2-tile ring (1 tile at the start)
+_BF16_CONFIGS = {
+    "v-tile-2-stages": KernelConfig(),
+    "v-tile-1-stage": KernelConfig(hopper_stages=1),
+    "v-tile-burst-1": KernelConfig(hopper_variant="v-tile", hopper_first_burst=1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("planner", list(PLANNERS))
+@pytest.mark.parametrize("variant", list(_BF16_CONFIGS))
+def test_gpu_bf16_every_planner_ragged_long_empty_and_paged_with_nan(planner: str, variant: str) -> None:
+    """bf16 on the v-tile path against the fp64 reference on the same bf16 inputs: ragged, long, empty requests,
+    more works than slots, and a permuted paged cache whose unused slots hold NaN (the PV reads V straight from the
+    tile, so a work's last tile has its tail zeroed first)."""
+    from mlalab.backends.triton import build_plan
+
+    cfg = _BF16_CONFIGS[variant]
+    for lens in [ragged_kv_lens(9, 700, seed=3), (1, 64, 8192), (0, 130, 5, 4096), (100,) * 150]:
+        x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
+        p = prepare(x, "bf16")
+        dec = TritonDecoder(p, build_plan(x, planner, 132), config=cfg)
+        assert dec.kernel == "hopper" and dec.hopper_variant == "v-tile" and dec.ran == "hopper:v-tile"
+        _check_against_reference(p, build_plan(x, planner, 132), config=cfg)
+    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
+    x = make_inputs(DecodeCase(kv_lens=lens, page_size=64, permute_pages=True, seed=9)).to("cuda")
+    p = prepare(x, "bf16")
+    clean = dataclasses.replace(p, kv=p.kv.clone())
+    kv = p.kv.view(-1, 64, p.kv.shape[-1])
+    pages = x.kv_indices.long()
+    for b in range(len(lens)):
+        s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
+        if e > s:
+            kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(torch.int16).fill_(0x7FC0)  # bf16 NaN
+    assert torch.isnan(p.kv.float()).any()
+    knobs = {"block": 1} if planner == "simple" else {}
+    _check_against_reference(p, build_plan(x, planner, 132, **knobs), clean, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+def test_gpu_bf16_error_like_the_portable_kernel_and_launch_options_agree() -> None:
+    """bf16 production numerics (P rounded to bf16, fp32 accumulation): within 10 % of the portable kernel's error
+    against the exact decode and within 5e-3 of its output; the ring depths, without dependent launches, chained
+    launches and rotated KV copies give the same output; a few slots (CTAs with several works) too."""
+    from mlalab.backends.triton import build_plan
+    from mlalab.splitkv.triton_mla import triton_decode
+
+    x = make_inputs(DecodeCase(kv_lens=ragged_kv_lens(16, 2048, seed=5), seed=6)).to("cuda")
+    p = prepare(x, "bf16")
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    out, _ = triton_decode(p, plan, config=KernelConfig(kernel="hopper"))
+    portable, _ = triton_decode(p, plan, config=KernelConfig(kernel="portable"))
+    exact, _ = naive_decode(p)
+    assert _rel(out, exact) <= 1.1 * _rel(portable, exact), (_rel(out, exact), _rel(portable, exact))
+    assert _rel(out, portable) <= 5e-3
+    cfgs = [KernelConfig(hopper_stages=1), KernelConfig(pdl=False), KernelConfig(hopper_first_burst=1)]
+    outs = [TritonDecoder(p, plan, config=c)()[0].clone() for c in cfgs]
+    chained = TritonDecoder(p, plan, config=KernelConfig(pdl_chain=True))
+    for _ in range(3):
+        chained()
+    outs.append(chained()[0].clone())
+    assert all(torch.equal(out, o) for o in outs), "bf16 launch options"
+    _check_rotation(p, plan, KernelConfig())
+    few = build_plan(x, "balanced", 3)
+    assert int(few.work_indptr.diff().max()) >= 4
+    _check_against_reference(p, few)
 
 
 @pytest.mark.gpu

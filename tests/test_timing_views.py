@@ -109,6 +109,10 @@ def test_default_config_rule() -> None:
     assert is_default_config(config_string("triton", {}, plan), 132)
     assert not is_default_config(config_string("triton", {}, plan), 264)  # 2 plan slots per SM is a variant
     assert not is_default_config(config_string("triton", {"num_warps": 4}, plan), 132)
+    # hopper_stages: None (the path's ring) since session 11; runs before recorded the then-default 3, which is what
+    # None resolves to on the fp8 paths they timed; any other depth is a variant
+    assert is_default_config('{"hopper_stages": 3}') and is_default_config('{"hopper_stages": null}')
+    assert not is_default_config('{"hopper_stages": 2}')
     assert not is_default_config("num_warps=8") and not is_default_config("f16_w8:num_warps=8")
 
 

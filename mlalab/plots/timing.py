@@ -65,6 +65,12 @@ def _check_df(df: object) -> pd.DataFrame:
     return df
 
 
+#: Knobs whose default became None (= the path's own choice) after runs had recorded the former default, which is what
+#: None resolves to on every path those runs timed: ``hopper_stages`` 3 (up to run 12; since session 11 None gives 3
+#: on the fp8 paths and 2 on bf16's v-tile path, which no run before then timed).
+FORMER_DEFAULTS: dict[str, tuple[object, ...]] = {"hopper_stages": (3,)}
+
+
 def is_default_config(cell: object, sm_count: int | None = None) -> bool:
     """Whether a Triton `config` cell is the backend's default: an empty cell (that run's defaults), or JSON whose
     kernel knobs equal today's ``KernelConfig()`` with no plan knobs beyond ``num_cus`` (= the SM count), the
@@ -78,7 +84,8 @@ def is_default_config(cell: object, sm_count: int | None = None) -> bool:
     if "variant" in cfg or not isinstance(cell, str) or "{" not in cell:
         return False
     default = dataclasses.asdict(KernelConfig())
-    if any(k in cfg and cfg[k] != v for k, v in default.items()):  # a knob a run did not have: its default then
+    same = lambda k, v: cfg[k] == v or cfg[k] in FORMER_DEFAULTS.get(k, ())  # noqa: E731
+    if any(k in cfg and not same(k, v) for k, v in default.items()):  # a knob a run did not have: its default then
         return False
     extra = set(cfg) - set(default) - {"num_cus", "plan", "ran"}
     if extra:

@@ -230,6 +230,19 @@ def _load_v(kn, start, kv_end, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr, MASK
 
 
 @gluon.jit
+def _zero_tail_rows(kn, n_valid, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr):
+    """Zero rows `n_valid` .. of a 16-bit K tile's value dims in shared memory (``V_FROM_K``: the PV reads V straight
+    from the tile, and a paged cache's unused slots may hold anything, NaN included: 0 · NaN = NaN). 64 columns at a
+    time (one 128-byte swizzle span), 32 values per thread."""
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L))
+    for c in gl.static_range(D_NOPE // 64):
+        chunk = kn.slice(c * 64, 64, dim=1)
+        x = chunk.load(L)
+        chunk.store(gl.where((rows < n_valid)[:, None], x, gl.zeros_like(x)))
+
+
+@gluon.jit
 def _store_vt(v_t, vt, REPORT: gl.constexpr):
     """Vᵀ (value row m, token) into shared memory: 16-byte stores, 0 bank conflicts with the π row order."""
     if REPORT:
@@ -239,21 +252,31 @@ def _store_vt(v_t, vt, REPORT: gl.constexpr):
 
 @gluon.jit
 def _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
-                   H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr):  # fmt: skip
-    """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
+                   H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, NATURAL: gl.constexpr = False):  # fmt: skip
+    """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE. Row m of Oᵀ
+    holds value dim π(m) (the vt-smem path's Vᵀ order), or dim m with ``NATURAL`` (V read from the K tile)."""
     lse, scale = _normaliser(m_i, l_sum, v_scale)  # an empty work (0 tokens): output 0, LSE -inf
     o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
         # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows
         # [128·c, 128·c + 128) are dims [128·c, 128·c + 128) for each chunk c (register bits: split is free)
-        o_nat = o.reshape([4, 8, 2, 8, NQ]).permute([0, 3, 2, 1, 4]).reshape([4, 128, NQ]).permute([1, 2, 0])
+        if NATURAL:
+            o_nat = o.reshape([4, 128, NQ]).permute([1, 2, 0])
+        else:
+            o_nat = o.reshape([4, 8, 2, 8, NQ]).permute([0, 3, 2, 1, 4]).reshape([4, 128, NQ]).permute([1, 2, 0])
         even, odd = gl.split(o_nat.reshape([128, NQ, 2, 2]))  # chunk c = 2·a + b: split takes b (the last axis) first
         o0, o2 = gl.split(even)
         o1, o3 = gl.split(odd)
         n_valid = H  # one q row of 16 heads per work (NQ == H): every column is valid
         _store_rows(o0, o1, o2, o3, lse, OUT, OUT_LSE, qo_start.to(gl.int64) * H, n_valid, D_NOPE, NQ)
-    else:  # one split of it: fp32 partial at the plan's partial row, head-minor, straight from the accumulator
+    elif NATURAL:  # one split of it: fp32 partial at the plan's partial row, head-minor, straight from the accumulator
+        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, NATURAL_ROW_BITS, D_NOPE, NQ)
+    else:
         _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, VT_ROW_BITS, D_NOPE, NQ)
+
+
+#: Oᵀ's row m is value dim m (bits 0-8 in place) when the PV reads V straight from the K tile (``V_FROM_K``)
+NATURAL_ROW_BITS: gl.constexpr = gl.constexpr((0, 1, 2, 3, 4, 5, 6, 7, 8))
 
 
 @gluon.jit
@@ -352,6 +375,7 @@ def _stage1_kernel(
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     V_IN_REGS: gl.constexpr,  # the PV's Vᵀ from registers (gluon_hopper_vreg) instead of a Vᵀ buffer
+    V_FROM_K: gl.constexpr,  # 16-bit KV: the PV reads Vᵀ straight from the K tile (wgmma transposes 16-bit operands)
     WAIT_PRIOR: gl.constexpr,  # launched as a programmatic dependent: wait for the prior kernel before any TMA
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     REPORT: gl.constexpr,  # print the V bank-conflict counts while compiling (sm90_build)
@@ -370,6 +394,12 @@ def _stage1_kernel(
         "the V layouts are written for 64-token tiles, and 128-token tiles on the v-regs path",
     )
     gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
+    KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth
+    gl.static_assert(
+        (KV_BITS == 16) == V_FROM_K, "fp8 wgmma reads only K-major operands: 16-bit KV exactly when V_FROM_K"
+    )
+    gl.static_assert(not (V_FROM_K and (V_IN_REGS or WARP_XCHG or MERGE_MAX > 0 or BLOCK_N != 64 or ABLATE > 0)),
+                     "the V_FROM_K path: 64-token tiles, no warp exchange, merge or ablation")  # fmt: skip
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     gl.static_assert(NUM_STAGES <= 5 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
     gl.static_assert(FIRST_BURST >= 1 and FIRST_BURST <= NUM_STAGES, "the first burst is 1 to NUM_STAGES tiles")
@@ -407,17 +437,19 @@ def _stage1_kernel(
 
     # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the 4 or 8 warps along M, N = NQ (16 heads) per instruction
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, NQ, 32])  # fmt: skip
+                                                  instr_shape=[16, NQ, 256 // KV_BITS])  # fmt: skip
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
-    T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N, element_bitwidth=8, rank=2)  # a row
-    fp8: gl.constexpr = kn_desc.dtype
+    # a row of Pᵀ / Vᵀ: BLOCK_N tokens of the KV's type (64 B in fp8, 128 B in bf16)
+    T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * KV_BITS // 8, element_bitwidth=KV_BITS,
+                                                  rank=2)  # fmt: skip
+    fp8: gl.constexpr = kn_desc.dtype  # (the KV's element type: fp8, or bf16 with V_FROM_K)
 
     kn_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
     kr_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
     qn_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_ROPE], qr_desc.layout)
     p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
-    if not V_IN_REGS:
+    if not V_IN_REGS and not V_FROM_K:
         vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     if WARP_XCHG:
         # the 4 warps' per-head values of `_across_warps`: slot 0 for the tiles' maxima (a tile's reads precede the
@@ -456,6 +488,7 @@ def _stage1_kernel(
         _stamp(tl_row, 4)
     # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
     row_pf = gl.load(TILE_ROWS + t_begin + NUM_STAGES, mask=n_tiles > NUM_STAGES, other=0)
+    row_late = row_pf  # the row of the refill issued one tile late (V_FROM_K)
 
     # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
     qk_scale = sm_scale * q_scale * v_scale * 1.4426950408889634
@@ -504,6 +537,11 @@ def _stage1_kernel(
             if V_IN_REGS:
                 v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT, BLOCK_N)
                 s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
+            elif V_FROM_K:  # QK(it) and this warp's part of PV(it-1) complete
+                s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))
+                if MASK_TAIL:  # noqa: SIM102
+                    if kv_end - start < BLOCK_N:  # a work's last tile of a paged cache: zero its tail (NaN-safe PV)
+                        _zero_tail_rows(kn, kv_end - start, BLOCK_N, D_NOPE)
             else:
                 v_t = _load_v(kn, start, kv_end, BLOCK_N, D_NOPE, MASK_TAIL, REPORT)
                 s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))  # QK(it) and PV(it-1) complete
@@ -531,7 +569,12 @@ def _stage1_kernel(
                 p_smem.index(pb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
             _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
-            if not REFILL_AFTER_PV:
+            if V_FROM_K:  # noqa: SIM102
+                # every warp has waited for PV(it-1), which read V from tile it-1's stage: refill that stage now
+                if it > 0:
+                    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_late, it - 1 + NUM_STAGES, n_tiles,
+                                   NUM_STAGES)  # fmt: skip
+            elif not REFILL_AFTER_PV:
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
 
             o_cur = o_cur * alpha[None, :]
@@ -539,13 +582,16 @@ def _stage1_kernel(
                 o_acc = warpgroup_mma_init(o_cur)
             elif V_IN_REGS:
                 o_acc = warpgroup_mma(v_op, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
+            elif V_FROM_K:  # Vᵀ = the K tile's value dims read transposed (M-major A: 16-bit types only)
+                o_acc = warpgroup_mma(kn.permute((1, 0)), p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
             else:
                 o_acc = warpgroup_mma(vt, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
             if TIMELINE:  # noqa: SIM102
                 if it < TIMELINE_MAX:
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
-            if REFILL_AFTER_PV:  # PV(it) reads registers / Vᵀ and Pᵀ, not this stage: refill it off the PV's path
+            if REFILL_AFTER_PV and not V_FROM_K:  # PV(it) reads registers / Vᵀ and Pᵀ, not this stage: refill it now
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+            row_late = row_pf  # (V_FROM_K: this stage's refill waits for PV(it), at the next tile's wait)
             row_pf = row_nx
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
@@ -564,7 +610,7 @@ def _stage1_kernel(
                               H, NQ, D_NOPE, BLOCK_N)  # fmt: skip
         else:
             _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
-                           H, NQ, D_NOPE)  # fmt: skip
+                           H, NQ, D_NOPE, V_FROM_K)  # fmt: skip
         if TIMELINE:  # noqa: SIM102
             if j < TIMELINE_MAX:
                 _stamp(tl_row, 8 + 3 * TIMELINE_MAX + j)
@@ -599,12 +645,13 @@ stage1_kernel = _stage1_kernel
 
 def make_descriptors(q2d, kv, nq: int, block_n: int = BLOCK_N) -> tuple:
     """TMA descriptors ``(qn, qr, kn, kr)`` of q viewed as ``(total_q·16, 576)`` and the KV rows ``(rows, 576)``
-    (both fp8, contiguous): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `block_n` tokens (64, or 128 for
-    the two-warpgroup tile)."""
+    (both fp8, or both bf16; contiguous): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `block_n` tokens (64,
+    or 128 for the two-warpgroup tile)."""
     rows, d = int(kv.shape[0]), int(kv.shape[1])
     nope, rope = 512, d - 512
-    L128 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    L64 = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    bits = kv.element_size() * 8  # fp8, or bf16 (the V_FROM_K path)
+    L128 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=bits, rank=2)
+    L64 = gl.NVMMASharedLayout(swizzle_byte_width=min(128, rope * bits // 8), element_bitwidth=bits, rank=2)
     qrows = int(q2d.shape[0])
     qn = TensorDescriptor(q2d, [qrows, nope], [d, 1], [nq, nope], L128)
     qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d, 1], [nq, rope], L64)

@@ -171,15 +171,15 @@ def token_work_info(plan: WorkPlan, kv_indptr: torch.Tensor, kv_last_page_len: t
 class KernelConfig:
     """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`).
 
-    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`, two paths: fp8 wgmma, TMA ring
-    of ``hopper_stages`` 64-token tiles; a8w8 only, see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
+    ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`: wgmma, TMA ring of ``hopper_stages`` 64-token
+    tiles; a8w8 on two fp8 paths, bf16 on one; see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
     (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
     else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
     overlaps stage 1 and it starts the moment stage 1's writes are visible. ``pdl_chain`` (hopper, with ``pdl``):
     stage 1 too is a programmatic dependent of whatever precedes it in the stream; it reads its plan header and
     sets up shared memory, then waits for that kernel to complete before it reads q or the KV or writes
     anything, so back-to-back calls overlap one call's launch and header with the previous call's tail. ``hopper_variant`` (hopper):
-    ``"vt-smem"``, ``"v-regs"`` or ``"auto"`` (see `HOPPER_VARIANTS`, `HOPPER_LONG_STREAM`). ``hopper_ablate``
+    ``"vt-smem"``, ``"v-regs"`` (fp8), ``"v-tile"`` (bf16) or ``"auto"`` (see `HOPPER_VARIANTS`, `HOPPER_LONG_STREAM`). ``hopper_ablate``
     (hopper, timing experiments only: the outputs are WRONG): ``"none"``, ``"qk"`` (the score wgmma is skipped, scores
     are 0) or ``"qk+pv"`` (the value wgmma and its V operand too): what the decode would take if that compute were
     free, every byte still loaded and stored (`HOPPER_ABLATIONS`, ``scripts/profile_hopper.py --ablations``).
@@ -195,7 +195,8 @@ class KernelConfig:
     counter per request; nobody waits), so the reduce kernel runs only for the others, or not at all. Correct on the
     H200 but slower (2026-12-03: 0.709x / 0.718x / 0.758x of FlashMLA fp8's geomean for 2 / 4 / 8 against 0.698x,
     data/profiles/h200_2026-12-03_ab_merge.csv; probably because the merging CTA's tail lies on the critical path of
-    the last SM to finish), so off. ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path.
+    the last SM to finish), so off. ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path;
+    None (default) = the path's default (`hopper_ring`: 3 fp8 tiles, 2 bf16 tiles, 2 tiles of 128 tokens).
     ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128 (two warpgroups, 8 warps, on one
     128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange or merge; a plan cut on multiples
     of 128 tokens avoids half-empty tiles). Correct on the H200, ~10 % cheaper per token, but slower overall (a later
@@ -220,7 +221,7 @@ class KernelConfig:
     """
 
     kernel: str = "auto"
-    hopper_stages: int = 3
+    hopper_stages: int | None = None
     pdl: bool = True
     pdl_chain: bool = False
     hopper_variant: str = "auto"
@@ -259,9 +260,9 @@ def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None,
     for, then what this machine lacks. `work_info`: the plan's works (`token_work_info`); None = before any plan
     exists, judging q rows per request from ``qo_indptr`` (the planners never split a request's q rows).
     The one place that decides: `TritonDecoder` (kernel="auto") and the backend's plan default both ask it."""
-    if prepared.precision is not Precision.A8W8:
-        return f"a8w8 only (fp8 wgmma for both products), not {prepared.precision.value}"
-    if prepared.kv.dtype != torch.float8_e4m3fn:
+    if prepared.precision is Precision.A16W8:
+        return "a8w8 or bf16 only (both products on fp8 or on bf16 wgmma), not a16w8"
+    if prepared.precision is Precision.A8W8 and prepared.kv.dtype != torch.float8_e4m3fn:
         return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
     if pv_exact or out_dtype != torch.bfloat16:
         return "production numerics only (bf16 output, fp8 products): exact mode runs on the portable kernel"
@@ -313,8 +314,10 @@ def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info:
 #: The two paths of the sm_90 stage 1 `gluon_hopper.stage1_kernel` (`KernelConfig.hopper_variant`): ``vt-smem``
 #: (Vᵀ transposed through shared memory, QK and PV pipelined across tiles), ``v-regs`` (``V_IN_REGS``, helpers in
 #: `gluon_hopper_vreg`: V straight from the K tile into the PV's register operand; no Vᵀ buffer, but PV(i-1) is
-#: waited for before QK(i)).
-HOPPER_VARIANTS = ("vt-smem", "v-regs")
+#: waited for before QK(i)); ``v-tile`` (``V_FROM_K``, bf16 only: the PV reads Vᵀ straight from the K tile in shared
+#: memory, which wgmma can read transposed for 16-bit types only; the stage is refilled once that PV has completed).
+#: fp8 runs vt-smem or v-regs, bf16 runs v-tile.
+HOPPER_VARIANTS = ("vt-smem", "v-regs", "v-tile")
 
 #: `KernelConfig.hopper_ablate` -> the kernel's ``ABLATE``: which compute the sm_90 stage 1 skips (timing only).
 HOPPER_ABLATIONS = {"none": 0, "qk": 1, "qk+pv": 2}
@@ -335,22 +338,45 @@ HOPPER_LONG_STREAM = 1
 HOPPER_FIRST_BURST = 2
 
 
-def first_burst(config: KernelConfig, most_tiles: int) -> int:
-    """The ring tiles the sm_90 stage 1 issues at a CTA's start (its ``FIRST_BURST``; ``hopper_stages`` = all), for a
-    plan whose longest CTA tile stream is `most_tiles` tiles (`KernelConfig.hopper_first_burst`, `HOPPER_FIRST_BURST`)."""
+def first_burst(config: KernelConfig, most_tiles: int, stages: int) -> int:
+    """The ring tiles the sm_90 stage 1 issues at a CTA's start (its ``FIRST_BURST``; `stages` = all), for a plan whose
+    longest CTA tile stream is `most_tiles` tiles and a ring of `stages` tiles (`hopper_ring`;
+    `KernelConfig.hopper_first_burst`, `HOPPER_FIRST_BURST`)."""
     if type(most_tiles) is not int or most_tiles < 0:
         raise ValueError(f"most_tiles must be an int >= 0, got {most_tiles!r}")
+    if type(stages) is not int or stages < 1:
+        raise ValueError(f"stages must be an int >= 1, got {stages!r}")
     if config.hopper_first_burst is not None:
-        return config.hopper_first_burst or config.hopper_stages
-    deep_ring = config.hopper_stages > HOPPER_FIRST_BURST
+        return config.hopper_first_burst or stages
+    deep_ring = stages > HOPPER_FIRST_BURST
     if config.hopper_warpgroups == 1 and deep_ring and most_tiles > HOPPER_FIRST_BURST:
         return HOPPER_FIRST_BURST
-    return config.hopper_stages
+    return stages
 
 
-#: The deepest TMA ring of each sm_90 path (`KernelConfig.hopper_stages`): a stage holds a 64-token tile (36 KB);
-#: vt-smem also keeps two 32 KB Vᵀ buffers, so 3 stages fill its 227 KB of shared memory; v-regs fits 5.
-HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5}
+def hopper_ring(config: KernelConfig, precision: Precision) -> int:
+    """The sm_90 stage 1's ring depth: `KernelConfig.hopper_stages`, or when None the default of the path these
+    knobs and this precision select (`HOPPER_DEFAULT_STAGES`, `HOPPER_MAX_STAGES_128`; bf16 runs ``v-tile``)."""
+    if config.hopper_stages is not None:
+        return config.hopper_stages
+    if config.hopper_block == 128:
+        return HOPPER_MAX_STAGES_128
+    if config.hopper_warpgroups == 2:
+        return 3
+    if precision is Precision.BF16:
+        return HOPPER_DEFAULT_STAGES["v-tile"]
+    variant = config.hopper_variant if config.hopper_variant in HOPPER_DEFAULT_STAGES else "v-regs"
+    return HOPPER_DEFAULT_STAGES[variant]
+
+
+#: The deepest TMA ring of each sm_90 path (`KernelConfig.hopper_stages`): a stage holds a 64-token tile (36 KB in
+#: fp8); vt-smem also keeps two 32 KB Vᵀ buffers, so 3 stages fill its 227 KB of shared memory; v-regs fits 5; a bf16
+#: tile (v-tile) is 72 KB: 2 (196 KB with q and P).
+HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5, "v-tile": 2}
+
+#: The ring depth each path runs when `KernelConfig.hopper_stages` is None (`hopper_ring`): 3 tiles of 64 fp8 tokens
+#: (session 7's A/B: 4 and 5 were slower), 2 bf16 tiles (all that fits), 2 with 128-token tiles, 3 with two warpgroups.
+HOPPER_DEFAULT_STAGES = {"vt-smem": 3, "v-regs": 3, "v-tile": 2}
 
 #: Tokens per tile of the sm_90 stage 1 (`KernelConfig.hopper_block`): 64 = one warpgroup (4 warps) per CTA; 128 =
 #: two warpgroups (8 warps) on one 128-token tile, each computing the scores of 64 tokens and half of the 512 value rows,
@@ -472,7 +498,13 @@ class TritonDecoder:
         if config.d_chunk and (config.transposed or config.qk_tokens_m):
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         if config.hopper_variant not in ("auto", *HOPPER_VARIANTS):
-            raise ValueError(f"hopper_variant must be 'auto', 'vt-smem' or 'v-regs', got {config.hopper_variant!r}")
+            raise ValueError(f"hopper_variant must be 'auto', 'vt-smem', 'v-regs' or 'v-tile', "
+                             f"got {config.hopper_variant!r}")  # fmt: skip
+        if config.hopper_stages is not None and (type(config.hopper_stages) is not int or config.hopper_stages < 1):
+            raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (or None: the path's "
+                             f"default ring), got {config.hopper_stages!r}")  # fmt: skip
+        #: the sm_90 stage 1's ring depth (`hopper_ring`: `KernelConfig.hopper_stages` or the path's default)
+        self.stages = stages = hopper_ring(config, prepared.precision)
         if config.hopper_ablate not in HOPPER_ABLATIONS:
             raise ValueError(f"hopper_ablate must be one of {', '.join(map(repr, HOPPER_ABLATIONS))}, "
                              f"got {config.hopper_ablate!r}")  # fmt: skip
@@ -480,7 +512,7 @@ class TritonDecoder:
             raise ValueError(f"kernel must be 'auto', 'hopper' or 'portable', got {config.kernel!r}")
         if config.hopper_merge_splits not in (0, 2, 4, 8) or isinstance(config.hopper_merge_splits, bool):
             raise ValueError(f"hopper_merge_splits must be 0 (off), 2, 4 or 8, got {config.hopper_merge_splits!r}")
-        if config.hopper_merge_splits and config.hopper_stages == 1:
+        if config.hopper_merge_splits and stages == 1:
             raise ValueError("hopper_merge_splits needs hopper_stages >= 2 (with a 1-stage ring the merge spills "
                              "registers on sm_90 with Triton 3.6)")  # fmt: skip
         if type(config.hopper_block) is not int or config.hopper_block not in HOPPER_BLOCKS:
@@ -493,9 +525,9 @@ class TritonDecoder:
                 raise ValueError(
                     "hopper_block=128 already spreads a tile over two warpgroups: hopper_warpgroups must be 1"
                 )
-            if config.hopper_stages > HOPPER_MAX_STAGES_128:
+            if stages > HOPPER_MAX_STAGES_128:
                 raise ValueError(f"hopper_block=128 holds at most {HOPPER_MAX_STAGES_128} tiles of 128 tokens in shared "
-                                 f"memory (hopper_stages={config.hopper_stages}; pass hopper_stages=2 or 1)")  # fmt: skip
+                                 f"memory (hopper_stages={stages}; pass hopper_stages=2 or 1)")  # fmt: skip
         if type(config.hopper_warpgroups) is not int or config.hopper_warpgroups not in (1, 2):
             raise ValueError(f"hopper_warpgroups must be 1 or 2, got {config.hopper_warpgroups!r}")
         if config.hopper_warpgroups == 2:
@@ -507,16 +539,27 @@ class TritonDecoder:
             ):
                 raise ValueError("hopper_warpgroups=2 is written for the v-regs path without hopper_warp_exchange, "
                                  "hopper_merge_splits or hopper_ablate")  # fmt: skip
-            if not 1 <= config.hopper_stages <= HOPPER_MAX_STAGES_2WG:
+            if not 1 <= stages <= HOPPER_MAX_STAGES_2WG:
                 raise ValueError(f"hopper_warpgroups=2 shares a ring of 1 to {HOPPER_MAX_STAGES_2WG} tiles between its two "
-                                 f"warpgroups, got hopper_stages={config.hopper_stages}")  # fmt: skip
-        if not 1 <= config.hopper_stages <= max(HOPPER_MAX_STAGES.values()):
+                                 f"warpgroups, got hopper_stages={stages}")  # fmt: skip
+        if not 1 <= stages <= max(HOPPER_MAX_STAGES.values()):
             raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
-                             f"vt-smem holds 3 tiles, v-regs 5), got {config.hopper_stages}")  # fmt: skip
+                             f"vt-smem holds 3 tiles, v-regs 5, v-tile 2), got {stages}")  # fmt: skip
         burst = config.hopper_first_burst
-        if burst is not None and (type(burst) is not int or not 0 <= burst < config.hopper_stages):
+        if burst is not None and (type(burst) is not int or not 0 <= burst < stages):
             raise ValueError(f"hopper_first_burst must be None (auto), 0 (the whole ring at once) or 1 to "
-                             f"hopper_stages - 1 = {config.hopper_stages - 1}, got {burst!r}")  # fmt: skip
+                             f"hopper_stages - 1 = {stages - 1}, got {burst!r}")  # fmt: skip
+        bf16 = prepared.precision is Precision.BF16
+        if config.hopper_variant == "v-tile" and not bf16:
+            raise ValueError("hopper_variant='v-tile' reads Vᵀ straight from the K tile, which wgmma transposes for "
+                             f"16-bit types only: bf16 precision, not {prepared.precision.value}")  # fmt: skip
+        if bf16 and config.kernel != "portable" and (
+            config.hopper_variant not in ("auto", "v-tile") or config.hopper_block != 64 or config.hopper_warpgroups != 1
+            or config.hopper_merge_splits or config.hopper_warp_exchange or config.hopper_ablate != "none"
+        ):  # fmt: skip
+            raise ValueError("bf16 runs the sm_90 kernel's v-tile path (64-token tiles, one warpgroup), without "
+                             "hopper_merge_splits, hopper_warp_exchange or hopper_ablate; hopper_variant must be "
+                             f"'auto' or 'v-tile', got {config.hopper_variant!r} (kernel='portable' runs any)")  # fmt: skip
         if config.hopper_first_burst and config.hopper_warpgroups == 2:
             raise ValueError("hopper_first_burst is a knob of the one-warpgroup kernel (hopper_warpgroups=1)")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
@@ -579,15 +622,17 @@ class TritonDecoder:
             most_tiles = int(t_indptr.diff().max()) if t_indptr.numel() > 1 else 0
             #: which sm_90 kernel runs (`HOPPER_VARIANTS`); "auto" picks by the plan's longest tile stream
             self.hopper_variant = config.hopper_variant
-            if self.hopper_variant == "auto":
+            if bf16:  # 16-bit KV: the v-tile path (its knobs checked above)
+                self.hopper_variant = "v-tile"
+            elif self.hopper_variant == "auto":
                 # (a ring deeper than vt-smem holds: v-regs, even for a plan without tiles)
-                deep = config.hopper_stages > HOPPER_MAX_STAGES["vt-smem"]
+                deep = stages > HOPPER_MAX_STAGES["vt-smem"]
                 wide = config.hopper_block == 128 or config.hopper_warpgroups == 2
                 self.hopper_variant = "v-regs" if most_tiles >= HOPPER_LONG_STREAM or deep or wide else "vt-smem"
             #: tiles of the ring issued at the start (`KernelConfig.hopper_first_burst`; = the stages: all of them)
-            self.first_burst = first_burst(config, most_tiles)
-            if config.hopper_stages > HOPPER_MAX_STAGES[self.hopper_variant]:
-                raise ValueError(f"hopper_stages={config.hopper_stages}: the {self.hopper_variant} path holds at most "
+            self.first_burst = first_burst(config, most_tiles, stages)
+            if stages > HOPPER_MAX_STAGES[self.hopper_variant]:
+                raise ValueError(f"hopper_stages={stages}: the {self.hopper_variant} path holds at most "
                                  f"{HOPPER_MAX_STAGES[self.hopper_variant]} tiles in shared memory")  # fmt: skip
             self.G = gluon_hopper
             self.tile_indptr, self.tile_rows = t_indptr.to(dev), t_rows.to(dev)
@@ -620,8 +665,9 @@ class TritonDecoder:
             from . import gluon_hopper_2wg
 
             self.G2 = gluon_hopper_2wg
-            return dict(kw, RING=c.hopper_stages, WORKER_REGS=HOPPER_2WG_WORKER_REGS, num_warps=4)
-        return dict(kw, NUM_STAGES=c.hopper_stages, V_IN_REGS=self.hopper_variant == "v-regs",
+            return dict(kw, RING=self.stages, WORKER_REGS=HOPPER_2WG_WORKER_REGS, num_warps=4)
+        return dict(kw, NUM_STAGES=self.stages, V_IN_REGS=self.hopper_variant == "v-regs",
+                    V_FROM_K=self.hopper_variant == "v-tile",
                     ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                     Q_FIRST=c.hopper_q_first, FIRST_BURST=self.first_burst,
                     WARP_XCHG=c.hopper_warp_exchange, MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
