@@ -29,7 +29,6 @@ from mlalab.splitkv.triton_mla import (
     HOPPER_MAX_STAGES,
     HOPPER_MAX_STAGES_128,
     KernelConfig,
-    Precision,
     TritonDecoder,
     first_burst,
     hopper_import_error,
@@ -54,7 +53,9 @@ def test_refusals_name_the_reason() -> None:
     plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
     assert "a8w8 or bf16 only" in hopper_unsupported(prepare(x, "a16w8"), wi)
-    assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "bf16"), wi)  # bf16: the v-tile path
+    # bf16: the portable kernel unless the experimental v-tile path is asked for
+    assert "unless hopper_variant='v-tile'" in hopper_unsupported(prepare(x, "bf16"), wi)
+    assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "bf16"), wi, variant="v-tile")
     assert "exact mode" in hopper_unsupported(prepare(x, "a8w8"), wi, pv_exact=True)
     assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "a8w8"), wi)  # this CPU tensor
     assert "e4m3fn" in hopper_unsupported(prepare(x, "a8w8", fp8_format="e4m3fnuz"), wi)
@@ -79,18 +80,19 @@ def test_refusals_name_the_reason() -> None:
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=0))
     with pytest.raises(ValueError, match="hopper_stages must be 1 to 5"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=2.0))
-    # the v-tile path is bf16's, and bf16 runs no other sm_90 path (the portable kernel runs any knobs)
+    # the v-tile path is bf16's, on 64-token tiles, one warpgroup, a ring of exactly 2 tiles, none of the fp8 paths'
+    # experiments; bf16 with any other variant runs the portable kernel (kernel='hopper' then names why not)
     with pytest.raises(ValueError, match="'v-tile' .* 16-bit types only: bf16 precision, not a8w8"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_variant="v-tile"))
     bf16 = prepare(x, "bf16")
-    for knobs in (dict(hopper_variant="v-regs"), dict(hopper_variant="vt-smem"), dict(hopper_block=128),
-                  dict(hopper_warpgroups=2), dict(hopper_merge_splits=2), dict(hopper_warp_exchange=True),
-                  dict(hopper_ablate="qk")):  # fmt: skip
-        with pytest.raises(ValueError, match="bf16 runs the sm_90 kernel's v-tile path"):
-            TritonDecoder(bf16, plan, config=KernelConfig(**knobs))
-        if "hopper_ablate" not in knobs:  # (an sm_90 experiment: refused on the portable kernel)
-            with pytest.raises(RuntimeError, match="needs a GPU"):  # (past the checks: this CPU cannot launch it)
-                TritonDecoder(bf16, plan, config=KernelConfig(kernel="portable", **knobs))
+    for knobs in (dict(hopper_block=128), dict(hopper_warpgroups=2), dict(hopper_merge_splits=2),
+                  dict(hopper_warp_exchange=True), dict(hopper_ablate="qk"), dict(hopper_stages=1)):  # fmt: skip
+        with pytest.raises(ValueError, match="'v-tile' \\(bf16\\) runs 64-token tiles .* exactly 2 tiles"):
+            TritonDecoder(bf16, plan, config=KernelConfig(hopper_variant="v-tile", **knobs))
+    with pytest.raises(ValueError, match="kernel='hopper' cannot run here: bf16 runs the portable kernel unless"):
+        TritonDecoder(bf16, plan, config=KernelConfig(kernel="hopper"))
+    with pytest.raises(RuntimeError, match="needs a GPU"):  # (past every check: this CPU cannot launch it)
+        TritonDecoder(bf16, plan, config=KernelConfig(hopper_variant="v-regs"))  # (bf16 runs the portable kernel)
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -229,12 +231,12 @@ def test_two_warpgroup_kernel_compiles_for_sm90(triton_copy: str) -> None:
 @pytest.mark.parametrize("triton_copy", ["environment", "h200"])
 def test_bf16_v_tile_path_compiles_to_bf16_wgmma_without_spills(triton_copy: str) -> None:
     """bf16's path (``V_FROM_K``): the scores' 36 and the values' 32 bf16 wgmmas (m64n16k16; the PV's Vᵀ read
-    transposed from the K tile), no fp8 ones, in the 227 KB of shared memory, with and without the paged tail's
-    zeroing, rings of 1 and 2 tiles; no spills with 2 (the default)."""
+    transposed from the K tile), no fp8 ones, no spills, in the 227 KB of shared memory, with and without the paged
+    tail's zeroing (its ring is 2 tiles: with 1, a stage refilled one tile late would be the tile it waits for)."""
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "from mlalab.splitkv.sm90_build import compile_hopper\n"
-        "for st in (1, 2):\n"
+        "for st in (2,):\n"
         "  for mask in (False, True):\n"
         "    r = compile_hopper(st, variant='v-tile', mask_tail=mask)\n"
         "    gmma = {k: n for k, n in r.sass.items() if 'GMMA' in k}\n"
@@ -244,10 +246,9 @@ def test_bf16_v_tile_path_compiles_to_bf16_wgmma_without_spills(triton_copy: str
                        env=_compile_env(triton_copy))  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln.split(maxsplit=5) for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == 4, r.stdout
-    for _, st, _mask, stack, shared, gmma in rows:
-        # (a 1-tile ring spills a few hundred bytes with Triton 3.6, like the fp8 paths' merge: correct, not fast)
-        assert (stack == "0" or st == "1") and int(shared) <= 227 * 1024, r.stdout
+    assert len(rows) == 2, r.stdout
+    for _, _st, _mask, stack, shared, gmma in rows:
+        assert stack == "0" and int(shared) <= 227 * 1024, r.stdout
         assert gmma == "{'HGMMA.64x16x16.F32.BF16': 68}", r.stdout
 
 
@@ -401,14 +402,13 @@ def test_first_burst_rule() -> None:
 
 
 def test_ring_depth_defaults_per_path() -> None:
-    """``hopper_stages=None``: each sm_90 path's default ring (3 fp8 tiles, 2 bf16 tiles, 2 of 128 tokens, 3 shared
-    by two warpgroups); an explicit depth is kept whatever the path (the decoder checks it against the path)."""
-    a8, bf = Precision.A8W8, Precision.BF16
-    assert hopper_ring(KernelConfig(), a8) == 3 and hopper_ring(KernelConfig(), bf) == 2
-    assert hopper_ring(KernelConfig(hopper_variant="vt-smem"), a8) == 3
-    assert hopper_ring(KernelConfig(hopper_block=128), a8) == HOPPER_MAX_STAGES_128 == 2
-    assert hopper_ring(KernelConfig(hopper_warpgroups=2), a8) == 3
-    assert hopper_ring(KernelConfig(hopper_stages=5), a8) == 5 and hopper_ring(KernelConfig(hopper_stages=1), bf) == 1
+    """``hopper_stages=None``: each sm_90 path's default ring (3 fp8 tiles, 2 bf16 tiles on v-tile, 2 of 128 tokens, 3
+    shared by two warpgroups); an explicit depth is kept whatever the path (the decoder checks it against the path)."""
+    assert hopper_ring(KernelConfig()) == 3 and hopper_ring(KernelConfig(hopper_variant="v-tile")) == 2
+    assert hopper_ring(KernelConfig(hopper_variant="vt-smem")) == 3
+    assert hopper_ring(KernelConfig(hopper_block=128)) == HOPPER_MAX_STAGES_128 == 2
+    assert hopper_ring(KernelConfig(hopper_warpgroups=2)) == 3
+    assert hopper_ring(KernelConfig(hopper_stages=5)) == 5 and hopper_ring(KernelConfig(hopper_stages=1)) == 1
 
 
 def test_merge_info_picks_small_one_row_splits_and_names_their_rows() -> None:
@@ -669,11 +669,10 @@ def test_gpu_merge_in_stage1_replaces_the_reduce(lens: tuple[int, ...], n_max: i
     assert _rel(dec(kv=other)[0].cpu(), ref_b.cpu().double()) <= 2e-3
 
 
-#: bf16's sm_90 path (v-tile: the PV reads Vᵀ straight from the K tile): its default 2-tile ring, 1 tile, and the
-#: deferred fill of a 2-tile ring (1 tile at the start)
+#: bf16's sm_90 path (v-tile: the PV reads Vᵀ straight from the K tile), asked for: its 2-tile ring, and that ring's
+#: deferred fill (1 tile at the start)
 _BF16_CONFIGS = {
-    "v-tile-2-stages": KernelConfig(),
-    "v-tile-1-stage": KernelConfig(hopper_stages=1),
+    "v-tile": KernelConfig(hopper_variant="v-tile"),
     "v-tile-burst-1": KernelConfig(hopper_variant="v-tile", hopper_first_burst=1),
 }
 
@@ -722,22 +721,24 @@ def test_gpu_bf16_error_like_the_portable_kernel_and_launch_options_agree() -> N
     x = make_inputs(DecodeCase(kv_lens=ragged_kv_lens(16, 2048, seed=5), seed=6)).to("cuda")
     p = prepare(x, "bf16")
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
-    out, _ = triton_decode(p, plan, config=KernelConfig(kernel="hopper"))
+    vt = dict(hopper_variant="v-tile")
+    out, _ = triton_decode(p, plan, config=KernelConfig(kernel="hopper", **vt))
     portable, _ = triton_decode(p, plan, config=KernelConfig(kernel="portable"))
     exact, _ = naive_decode(p)
     assert _rel(out, exact) <= 1.1 * _rel(portable, exact), (_rel(out, exact), _rel(portable, exact))
     assert _rel(out, portable) <= 5e-3
-    cfgs = [KernelConfig(hopper_stages=1), KernelConfig(pdl=False), KernelConfig(hopper_first_burst=1)]
+    cfgs = [KernelConfig(pdl=False, **vt), KernelConfig(hopper_first_burst=1, **vt)]
     outs = [TritonDecoder(p, plan, config=c)()[0].clone() for c in cfgs]
-    chained = TritonDecoder(p, plan, config=KernelConfig(pdl_chain=True))
+    chained = TritonDecoder(p, plan, config=KernelConfig(pdl_chain=True, **vt))
     for _ in range(3):
         chained()
     outs.append(chained()[0].clone())
     assert all(torch.equal(out, o) for o in outs), "bf16 launch options"
-    _check_rotation(p, plan, KernelConfig())
-    few = build_plan(x, "balanced", 3)
-    assert int(few.work_indptr.diff().max()) >= 4
-    _check_against_reference(p, few)
+    _check_rotation(p, plan, KernelConfig(**vt))
+    for planner, slots in (("balanced", 3), ("simple", 8)):  # CTAs with 4+ works of several tiles each
+        few = build_plan(x, planner, slots)
+        assert int(few.work_indptr.diff().max()) >= 2
+        _check_against_reference(p, few, config=KernelConfig(**vt))
 
 
 @pytest.mark.gpu

@@ -398,6 +398,8 @@ def _stage1_kernel(
     gl.static_assert(
         (KV_BITS == 16) == V_FROM_K, "fp8 wgmma reads only K-major operands: 16-bit KV exactly when V_FROM_K"
     )
+    # (V_FROM_K refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
+    gl.static_assert(not V_FROM_K or NUM_STAGES >= 2, "the V_FROM_K ring needs 2 stages")
     gl.static_assert(not (V_FROM_K and (V_IN_REGS or WARP_XCHG or MERGE_MAX > 0 or BLOCK_N != 64 or ABLATE > 0)),
                      "the V_FROM_K path: 64-token tiles, no warp exchange, merge or ablation")  # fmt: skip
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
@@ -488,7 +490,6 @@ def _stage1_kernel(
         _stamp(tl_row, 4)
     # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
     row_pf = gl.load(TILE_ROWS + t_begin + NUM_STAGES, mask=n_tiles > NUM_STAGES, other=0)
-    row_late = row_pf  # the row of the refill issued one tile late (V_FROM_K)
 
     # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
     qk_scale = sm_scale * q_scale * v_scale * 1.4426950408889634
@@ -511,6 +512,13 @@ def _stage1_kernel(
         o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC))
         for start in range(kv_start, kv_end, BLOCK_N):
             row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
+            if V_FROM_K:
+                # the row of this tile's refill (tile it-1+NUM_STAGES, one tile late), loaded here so the wait hides it.
+                # (A first version carried it in a variable from the previous tile; in the IR Triton 3.6 made of it the
+                # loop over works did not carry that variable, so each work restarted from its initial value: a CTA's
+                # second work read wrong KV rows, which the H200 tests caught.)
+                row_rf = gl.load(TILE_ROWS + t_begin + it - 1 + NUM_STAGES,
+                                 mask=(it > 0) & (it - 1 + NUM_STAGES < n_tiles), other=0)  # fmt: skip
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
             if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
@@ -572,7 +580,7 @@ def _stage1_kernel(
             if V_FROM_K:  # noqa: SIM102
                 # every warp has waited for PV(it-1), which read V from tile it-1's stage: refill that stage now
                 if it > 0:
-                    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_late, it - 1 + NUM_STAGES, n_tiles,
+                    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_rf, it - 1 + NUM_STAGES, n_tiles,
                                    NUM_STAGES)  # fmt: skip
             elif not REFILL_AFTER_PV:
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
@@ -591,7 +599,6 @@ def _stage1_kernel(
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
             if REFILL_AFTER_PV and not V_FROM_K:  # PV(it) reads registers / Vᵀ and Pᵀ, not this stage: refill it now
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
-            row_late = row_pf  # (V_FROM_K: this stage's refill waits for PV(it), at the next tile's wait)
             row_pf = row_nx
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
