@@ -98,13 +98,14 @@ def make_callable(
         raise RuntimeError(f"triton backend unavailable: {reason}")
     prep = prepare(inputs, precision, fp8_format)
     wide = 128 if knobs.get("hopper_block") == 128 else 64  # tokens per tile of the sm_90 kernel
+    variant = knobs.get("hopper_variant", "auto")  # (bf16 runs the sm_90 kernel only on "v-tile")
     if plan_block is not None:
         plan_knobs["block"] = plan_block
     elif (
         planner == "simple"
         and "block" not in plan_knobs
         and knobs.get("kernel", "auto") != "portable"
-        and hopper_unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype, block=wide) is None
+        and hopper_unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype, block=wide, variant=variant) is None
     ):
         # (tokens at page size 1, where a cut on 128 keeps 128-token tiles whole; pages otherwise, whole tiles anyway)
         plan_knobs["block"] = 128 if wide == 128 and prep.page_size == 1 else HOPPER_PLAN_BLOCK
