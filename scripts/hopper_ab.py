@@ -1,4 +1,4 @@
-"""A/B of Hopper stage-1 variants on the H200 (GPU only), side by side with FlashMLA fp8 in one run.
+"""A/B of Hopper stage-1 variants on the H200 (GPU only), side by side with FlashMLA in one run.
 
 First every variant is checked against the fp64 reference on the dequantised codes (ragged, long, empty and
 40-request batches, two planners): rel-L2 <= 5e-3, |dLSE| <= 2e-3, every element written (outputs poisoned with
@@ -6,6 +6,9 @@ NaN first). Then each variant and FlashMLA fp8 are timed like `python -m mlalab 
 calls over KV copies rotated past the L2) on the competition shapes. Prints one table; ``--out`` writes a CSV.
 
     python scripts/hopper_ab.py --variants v1,v2,auto --out /tmp/ab.csv
+    python scripts/hopper_ab.py --precision bf16 --variants portable,v-tile   # bf16: FlashMLA bf16 beside
+
+A variant's knobs run the sm_90 kernel (``kernel="hopper"``) unless they name another ``kernel``.
 """
 
 from __future__ import annotations
@@ -65,36 +68,41 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2b1": (1, dict(hopper_variant="v-regs", hopper_first_burst=1)),
     "v2b2": (1, dict(hopper_variant="v-regs", hopper_first_burst=2)),
     "v2s4b2": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_first_burst=2)),
+    # bf16 (--precision bf16): the portable kernel (bf16's default) and the sm_90 v-tile path (Vᵀ read from the K tile)
+    "portable": (1, dict(kernel="portable")),
+    "v-tile": (1, dict(hopper_variant="v-tile")),
+    "v-tile-b1": (1, dict(hopper_variant="v-tile", hopper_first_burst=1)),
 }
 
 
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
 
-def _refs_before(x, on: bool) -> None:  # noqa: ANN001
+def _refs_before(x, on: bool, precision: str = "a8w8") -> None:  # noqa: ANN001
     """With ``--refs-before``: the shape's fp32 references (exact and a8w8-emulated), as the bench computed them
     right before its first timing of a shape up to session 8, then wait for them."""
     if on:
         from mlalab.timing import _refs
 
-        _refs(x, "a8w8", {})
+        _refs(x, precision, {})
         torch.cuda.synchronize()
 
 
-def check(name: str, sms: int) -> bool:
+def check(name: str, sms: int, precision: str = "a8w8") -> bool:
     per_sm, knobs = VARIANTS[name]
+    knobs = {"kernel": "hopper", **knobs}
     ok = True
     cases = [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40,
              (8192,) * 4, (100,) * 150]  # fmt: skip
     for lens in cases:
         x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
-        p = prepare(x, "a8w8")
+        p = prepare(x, precision)
         ref, ref_lse = naive_decode(p)
         live = ref.norm(dim=-1) > 0
         for planner in ("simple", "balanced"):
             plan = build_plan(x, planner, sms * per_sm, **({"block": 128} if planner == "simple" else {}))
             try:
-                dec = TritonDecoder(p, plan, config=KernelConfig(kernel="hopper", **knobs))
+                dec = TritonDecoder(p, plan, config=KernelConfig(**knobs))
                 for rep in range(2):  # twice: a second call on the same decoder must give the same result
                     dec.out.fill_(float("nan"))
                     dec.lse.fill_(float("nan"))
@@ -124,6 +132,8 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--peers", default="flashmla")
     ap.add_argument("--shapes", default=None, help="e.g. 4x1024,128x8192 (default: the 12 competition shapes)")
+    ap.add_argument("--precision", default="a8w8", choices=("a8w8", "bf16"),
+                    help="a8w8 (FlashMLA fp8 beside) or bf16 (FlashMLA bf16 beside)")  # fmt: skip
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--refs-before", action="store_true",
                     help="compute the fp32 references of the shape right before each timing (what the bench did up to "
@@ -137,7 +147,7 @@ def main() -> None:
     good = dict.fromkeys(names, True)
     if not a.no_check:
         for n in names:
-            good[n] = check(n, sms)
+            good[n] = check(n, sms, a.precision)
     print(f"checks done in {time.time() - t0:.0f} s", flush=True)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
@@ -145,15 +155,16 @@ def main() -> None:
     peers = [p for p in a.peers.split(",") if p]
     for B, L in shapes:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
-        kv_bytes = B * L * MLA.qk_dim
+        esize = 1 if a.precision == "a8w8" else 2  # bytes per KV / q element
+        kv_bytes = B * L * MLA.qk_dim * esize
         n = rotation_copies(kv_bytes)
         line = {"B": B, "L": L}
         for peer in peers:
             try:
                 from mlalab.backends import get_backend
 
-                call, _ = get_backend(peer).make_callable(x, precision="a8w8", n_copies=n)
-                _refs_before(x, a.refs_before)
+                call, _ = get_backend(peer).make_callable(x, precision=a.precision, n_copies=n)
+                _refs_before(x, a.refs_before, a.precision)
                 line[peer] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
                 print(f"{peer} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
@@ -162,14 +173,15 @@ def main() -> None:
             per_sm, knobs = VARIANTS[name]
             try:
                 slots = sms * per_sm
-                call, info = make_callable(x, precision="a8w8", n_copies=n, num_cus=slots, kernel="hopper", **knobs)
+                call, info = make_callable(x, precision=a.precision, n_copies=n, num_cus=slots,
+                                           **{"kernel": "hopper", **knobs})  # fmt: skip
                 call(0)
-                _refs_before(x, a.refs_before)
+                _refs_before(x, a.refs_before, a.precision)
                 line[name] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
                 print(f"{name} failed at {B}x{L}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 line[name] = float("nan")
-        floor = (B * L * MLA.qk_dim + B * 16 * (576 + 1024)) / (bw * 1e12) * 1e6
+        floor = (kv_bytes + B * 16 * (576 * esize + 1024)) / (bw * 1e12) * 1e6
         line["floor"] = floor
         rows.append(line)
         print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in line.items()), flush=True)
