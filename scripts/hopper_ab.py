@@ -198,7 +198,8 @@ def main() -> None:
     print("checks: " + ", ".join(f"{n}={'PASS' if good[n] else 'FAIL'}" for n in names))
     if a.out and rows:
         prov = provenance()  # device, versions, date in every row
-        write_rows_csv(a.out, [{**{k: r.get(k) for k in ("B", "L", *cols, "floor")}, **prov} for r in rows])
+        write_rows_csv(a.out, [{**{k: r.get(k) for k in ("B", "L", *cols, "floor")}, "precision": a.precision, **prov}
+                               for r in rows])  # fmt: skip
 
 
 if __name__ == "__main__":

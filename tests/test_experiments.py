@@ -45,6 +45,28 @@ def test_a_failed_variant_cell_is_left_out_and_said(tmp_path: Path) -> None:
     assert any("(11 of 12 shapes)" in t.name for t in fig.data if t.type == "bar")
 
 
+def test_a_bf16_file_names_flashmla_bf16_and_draws_no_a8w8_goal(tmp_path: Path) -> None:
+    """``hopper_ab.py --precision bf16`` files: ``flashmla`` is FlashMLA bf16 there, and #5's 0.65x goal (an a8w8
+    goal) is not drawn; ``precision`` is not a variant; one precision per file."""
+    from mlalab.plots.experiments import peer_name
+
+    df = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / "h200_2026-12-03_ab_refill.csv")
+    p = tmp_path / "x_ab_bf16.csv"
+    df.assign(precision="bf16").to_csv(p, index=False)
+    e = load_experiment(str(p))
+    assert peer_name(e) == "FlashMLA bf16" and "precision" not in set(experiment_geomeans(e)["variant"])
+    fig = experiment_figure(e)
+    assert "FlashMLA bf16" in fig.layout.title.text and "FlashMLA bf16" in fig.layout.yaxis.title.text
+    assert not fig.layout.shapes  # no goal line
+    assert peer_name(load_experiment("h200_2026-12-03_ab_refill.csv")) == "FlashMLA fp8"  # no column: a8w8
+    df.assign(precision="a8w8").to_csv(p, index=False)
+    assert experiment_figure(load_experiment(str(p))).layout.shapes[0].y0 == 0.65
+    for bad in (["bf16"] * (len(df) - 1) + ["a8w8"], ["fp4"] * len(df)):
+        df.assign(precision=bad).to_csv(p, index=False)
+        with pytest.raises(ValueError, match="column precision must hold one of a8w8, bf16"):
+            load_experiment(str(p))
+
+
 def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="recorded: .*ab_refill"):
         load_experiment("h200_1999-01-01_ab_none.csv")

@@ -3,7 +3,9 @@
 Each ``data/profiles/*_ab_*.csv`` is one run of ``scripts/hopper_ab.py``: per competition shape (``B``, ``L``)
 FlashMLA fp8's µs (``flashmla``), one column of µs per variant of our sm_90 stage 1 (names as in the script's
 ``VARIANTS``; what each one changes is listed in data/README.md, section profiles/), and ``floor`` = the shape's
-bytes over the copy bandwidth measured in that run. A variant that failed at a shape has an empty cell. Because
+bytes over the copy bandwidth measured in that run. A file may carry ``precision`` (``a8w8``, the default, or ``bf16``:
+then ``flashmla`` is FlashMLA bf16 and the 0.65x goal, an a8w8 goal, is not drawn; ``hopper_ab.py --precision``).
+A variant that failed at a shape has an empty cell. Because
 every column of a file comes from the same process, minutes apart, ratios *within* a file are what to compare;
 the same variant in two files can differ by the run-to-run spread (up to 10-15 % on the longest shapes).
 
@@ -25,10 +27,22 @@ from ..io import natural_key
 from ..timing import PROVENANCE_COLUMNS
 from .timeline import PROFILE_DIR, check_goal, finish_ratio_figure
 
-__all__ = ["list_experiments", "load_experiment", "experiment_geomeans", "experiment_figure"]
+__all__ = ["list_experiments", "load_experiment", "experiment_geomeans", "experiment_figure", "peer_name"]
 
 #: the columns every experiment file has besides its variants
 _FIXED = ("B", "L", "flashmla")
+
+#: the precisions an experiment file may name (column ``precision``; absent = a8w8, the files before session 11)
+_PRECISIONS = {"a8w8": "FlashMLA fp8", "bf16": "FlashMLA bf16"}
+
+
+def peer_name(df: pd.DataFrame) -> str:
+    """What the file's ``flashmla`` column timed: FlashMLA fp8 (a8w8 files) or FlashMLA bf16."""
+    return _PRECISIONS[_precision(df)]
+
+
+def _precision(df: pd.DataFrame) -> str:
+    return str(df["precision"].iloc[0]) if "precision" in df.columns and len(df) else "a8w8"
 
 
 def list_experiments(directory: str = PROFILE_DIR) -> list[str]:
@@ -53,6 +67,8 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
         raise ValueError(f"{path} lacks columns {missing}: not a scripts/hopper_ab.py table")
     if not _variants(df):
         raise ValueError(f"{path} has no variant column besides {', '.join(_FIXED)} and floor")
+    if "precision" in df.columns and (df["precision"].nunique() != 1 or df["precision"].iloc[0] not in _PRECISIONS):
+        raise ValueError(f"{path}: column precision must hold one of {', '.join(_PRECISIONS)} in every row")
     times = df[["flashmla", *_variants(df)]].to_numpy(dtype=np.float64)
     finite_positive = np.isfinite(times) & (times > 0)
     if df.empty or not (np.isnan(times) | finite_positive).all() or not finite_positive[:, 0].all():
@@ -62,7 +78,7 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
 
 def _variants(df: pd.DataFrame) -> list[str]:
     """The variant columns: all but the shape, FlashMLA, the floor, the file name and the provenance columns."""
-    return [c for c in df.columns if c not in (*_FIXED, "floor", "run", *PROVENANCE_COLUMNS)]
+    return [c for c in df.columns if c not in (*_FIXED, "floor", "run", "precision", *PROVENANCE_COLUMNS)]
 
 
 def experiment_geomeans(df: pd.DataFrame) -> pd.DataFrame:
@@ -88,18 +104,20 @@ def _check(df: object) -> None:
 
 
 def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:
-    """Per shape, each variant's time over FlashMLA fp8's (lower is faster), the legend with each geomean ratio;
-    diamonds: the copy floor (bytes / copy bandwidth) over FlashMLA's time, what no kernel reading every byte once
-    can beat by much; the dashed line: the goal on the geomean."""
+    """Per shape, each variant's time over FlashMLA's (fp8, or bf16 for a bf16 file; lower is faster), the legend with
+    each geomean ratio; diamonds: the copy floor (bytes / copy bandwidth) over FlashMLA's time, what no kernel reading
+    every byte once can beat by much; the dashed line: the goal on the geomean (a8w8 files only: it is #5's a8w8
+    goal)."""
     _check(df)
     check_goal(goal)
+    peer = peer_name(df)
     d = df.sort_values(["L", "B"])
     shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
     geo = experiment_geomeans(d).set_index("variant")
     fig = go.Figure()
     for col in _variants(d):
         ratio = d[col] / d["flashmla"]
-        hover = [f"{u:.2f} µs vs FlashMLA fp8 {f:.2f} µs" for u, f in zip(d[col], d["flashmla"])]
+        hover = [f"{u:.2f} µs vs {peer} {f:.2f} µs" for u, f in zip(d[col], d["flashmla"])]
         g = geo.loc[col]
         missing = "" if g["shapes"] == len(d) else f" ({int(g['shapes'])} of {len(d)} shapes)"
         fig.add_trace(go.Bar(x=shapes, y=ratio, name=f"{col}: {g['vs_flashmla']:.3f}×{missing}", hovertext=hover))
@@ -107,7 +125,8 @@ def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:
         fig.add_trace(go.Scatter(x=shapes, y=d["floor"] / d["flashmla"], mode="markers", name="copy floor",
                                  marker={"symbol": "diamond", "color": "black"}))  # fmt: skip
     run = f" — {d['run'].iloc[0]}" if "run" in d.columns else ""
-    return finish_ratio_figure(fig, goal, f"variants / FlashMLA fp8, one process on the H200{run}")
+    title = f"variants / {peer}, one process on the H200{run}"
+    return finish_ratio_figure(fig, goal if _precision(df) == "a8w8" else None, title, peer)
 
 
 def main() -> None:

@@ -224,14 +224,18 @@ def check_goal(goal: object) -> None:
         raise ValueError(f"goal must be a positive ratio, got {goal!r}")
 
 
-def finish_ratio_figure(fig: go.Figure, goal: float, title: str) -> go.Figure:
-    """The common frame of the figures of per-shape bars of time / FlashMLA fp8's time (`ablation_figure`,
-    `mlalab.plots.experiments.experiment_figure`): the goal as a dashed line, grouped bars, legend below."""
-    fig.add_hline(y=goal, line_dash="dash", annotation_text=f"goal {goal}× (geomean)", annotation_position="top left")
+def finish_ratio_figure(fig: go.Figure, goal: float | None, title: str, peer: str = "FlashMLA fp8") -> go.Figure:
+    """The common frame of the figures of per-shape bars of time / the peer's time (FlashMLA fp8 unless said;
+    `ablation_figure`, `mlalab.plots.experiments.experiment_figure`): the goal as a dashed line (None: none), grouped
+    bars, legend below."""
+    if goal is not None:
+        fig.add_hline(
+            y=goal, line_dash="dash", annotation_text=f"goal {goal}× (geomean)", annotation_position="top left"
+        )
     fig.update_layout(
         barmode="group",
         title=title,
-        yaxis_title="× FlashMLA fp8's time (lower is faster)",
+        yaxis_title=f"× {peer}'s time (lower is faster)",
         height=440,
         legend={"orientation": "h", "y": -0.25},
     )

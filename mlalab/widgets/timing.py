@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..io import natural_key
-from ..plots.experiments import experiment_figure, experiment_geomeans, list_experiments, load_experiment
+from ..plots.experiments import experiment_figure, experiment_geomeans, list_experiments, load_experiment, peer_name
 from ..plots.timeline import cta_timeline_figure, load_timelines, timeline_summary
 from ..plots.timing import (
     RecordedView,
@@ -283,8 +283,8 @@ def experiments_panel(name: str | None = None) -> ExperimentsPanel:
         rows = "".join(f"<tr><td>{r.variant}</td><td>{r.geomean_us:.2f}</td><td>{r.vs_flashmla:.3f}×</td>"
                        f"<td>{r.shapes}</td></tr>" for r in g.itertuples())  # fmt: skip
         head = "<tr><th>variant</th><th>µs</th><th>ratio</th><th>shapes</th></tr>"
-        table.value = (f"<b>geomean over the shapes each ran</b> (µs; × FlashMLA fp8 over the same shapes), measured "
-                       f"on the H200 in one process ({dd.value}; what each variant changes: data/README.md, "
+        table.value = (f"<b>geomean over the shapes each ran</b> (µs; × {peer_name(df)} over the same shapes), "
+                       f"measured on the H200 in one process ({dd.value}; what each variant changes: data/README.md, "
                        f"profiles/)<table>{head}{rows}</table>")  # fmt: skip
 
     dd.observe(refresh, names="value")
