@@ -72,6 +72,8 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "portable": (1, dict(kernel="portable")),
     "v-tile": (1, dict(hopper_variant="v-tile")),
     "v-tile-b1": (1, dict(hopper_variant="v-tile", hopper_first_burst=1)),
+    # v-tile with the previous tile's stage refilled right after this tile's wait (one more barrier), not after softmax
+    "v-tile-early": (1, dict(hopper_variant="v-tile", hopper_refill_after_pv=False)),
 }
 
 

@@ -232,13 +232,14 @@ def test_two_warpgroup_kernel_compiles_for_sm90(triton_copy: str) -> None:
 def test_bf16_v_tile_path_compiles_to_bf16_wgmma_without_spills(triton_copy: str) -> None:
     """bf16's path (``V_FROM_K``): the scores' 36 and the values' 32 bf16 wgmmas (m64n16k16; the PV's Vᵀ read
     transposed from the K tile), no fp8 ones, no spills, in the 227 KB of shared memory, with and without the paged
-    tail's zeroing (its ring is 2 tiles: with 1, a stage refilled one tile late would be the tile it waits for)."""
+    tail's zeroing, with the previous tile's stage refilled after the softmax or (``refill_after_pv=False``) before it
+    (its ring is 2 tiles: with 1, a stage refilled one tile late would be the tile it waits for)."""
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r})\n"
         "from mlalab.splitkv.sm90_build import compile_hopper\n"
         "for st in (2,):\n"
-        "  for mask in (False, True):\n"
-        "    r = compile_hopper(st, variant='v-tile', mask_tail=mask)\n"
+        "  for mask, late in ((False, True), (True, True), (False, False), (True, False)):\n"
+        "    r = compile_hopper(st, variant='v-tile', mask_tail=mask, refill_after_pv=late)\n"
         "    gmma = {k: n for k, n in r.sass.items() if 'GMMA' in k}\n"
         "    print('R', st, mask, r.stack_bytes, r.shared_bytes, gmma)\n"
     )
@@ -246,7 +247,7 @@ def test_bf16_v_tile_path_compiles_to_bf16_wgmma_without_spills(triton_copy: str
                        env=_compile_env(triton_copy))  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln.split(maxsplit=5) for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == 2, r.stdout
+    assert len(rows) == 4, r.stdout
     for _, _st, _mask, stack, shared, gmma in rows:
         assert stack == "0" and int(shared) <= 227 * 1024, r.stdout
         assert gmma == "{'HGMMA.64x16x16.F32.BF16': 68}", r.stdout
@@ -669,11 +670,12 @@ def test_gpu_merge_in_stage1_replaces_the_reduce(lens: tuple[int, ...], n_max: i
     assert _rel(dec(kv=other)[0].cpu(), ref_b.cpu().double()) <= 2e-3
 
 
-#: bf16's sm_90 path (v-tile: the PV reads Vᵀ straight from the K tile), asked for: its 2-tile ring, and that ring's
-#: deferred fill (1 tile at the start)
+#: bf16's sm_90 path (v-tile: the PV reads Vᵀ straight from the K tile), asked for: its 2-tile ring, that ring's
+#: deferred fill (1 tile at the start), and the previous tile's stage refilled before the softmax (a timing variant)
 _BF16_CONFIGS = {
     "v-tile": KernelConfig(hopper_variant="v-tile"),
     "v-tile-burst-1": KernelConfig(hopper_variant="v-tile", hopper_first_burst=1),
+    "v-tile-early-refill": KernelConfig(hopper_variant="v-tile", hopper_refill_after_pv=False),
 }
 
 

@@ -380,7 +380,8 @@ def _stage1_kernel(
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     REPORT: gl.constexpr,  # print the V bank-conflict counts while compiling (sm90_build)
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
-    REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV)
+    REFILL_AFTER_PV: gl.constexpr,  # issue a stage's refill TMA after the tile's PV (else between softmax and PV);
+    # V_FROM_K: the previous tile's stage refilled after this tile's softmax (else right after its wait + a barrier)
     Q_FIRST: gl.constexpr,  # the first work's q TMA before the ring's first tiles (else after them)
     FIRST_BURST: gl.constexpr,  # ring tiles issued at the start (NUM_STAGES: all); the rest once tile 0 has arrived
     WARP_XCHG: gl.constexpr,  # maxima / softmax sums across the 4 warps with one barrier each (`_across_warps`)
@@ -547,6 +548,13 @@ def _stage1_kernel(
                 s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
             elif V_FROM_K:  # QK(it) and this warp's part of PV(it-1) complete
                 s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))
+                if not REFILL_AFTER_PV:  # noqa: SIM102
+                    # early refill (a timing variant): one more barrier, then tile it-1's stage goes out before the
+                    # softmax instead of after it, so the TMA overlaps this tile's softmax and PV
+                    if it > 0:
+                        _cta_barrier()  # every warp past its wait: PV(it-1) no longer reads tile it-1's stage
+                        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_rf, it - 1 + NUM_STAGES, n_tiles,
+                                       NUM_STAGES)  # fmt: skip
                 if MASK_TAIL:  # noqa: SIM102
                     if kv_end - start < BLOCK_N:  # a work's last tile of a paged cache: zero its tail (NaN-safe PV)
                         _zero_tail_rows(kn, kv_end - start, BLOCK_N, D_NOPE)
@@ -579,9 +587,10 @@ def _stage1_kernel(
             _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
             if V_FROM_K:  # noqa: SIM102
                 # every warp has waited for PV(it-1), which read V from tile it-1's stage: refill that stage now
-                if it > 0:
-                    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_rf, it - 1 + NUM_STAGES, n_tiles,
-                                   NUM_STAGES)  # fmt: skip
+                if REFILL_AFTER_PV:  # noqa: SIM102
+                    if it > 0:
+                        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_rf, it - 1 + NUM_STAGES, n_tiles,
+                                       NUM_STAGES)  # fmt: skip
             elif not REFILL_AFTER_PV:
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
 

@@ -185,7 +185,8 @@ class KernelConfig:
     are 0) or ``"qk+pv"`` (the value wgmma and its V operand too): what the decode would take if that compute were
     free, every byte still loaded and stored (`HOPPER_ABLATIONS`, ``scripts/profile_hopper.py --ablations``).
     ``hopper_refill_after_pv`` (hopper): a ring stage's refill TMA is issued right after the tile's PV (default), not
-    between the softmax and the PV. ``hopper_q_first`` (hopper): the first work's q is fetched before the ring's
+    between the softmax and the PV (v-tile: the previous tile's stage after this tile's softmax, else right after its
+    wait with one more barrier; not yet timed). ``hopper_q_first`` (hopper): the first work's q is fetched before the ring's
     first tiles (default; else after them, as up to 2026-12-03's run 9: 0.718x vs 0.710x of FlashMLA fp8's geomean
     in one A/B, data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). ``hopper_warp_exchange`` (hopper): each tile's
     score maximum and each work's softmax sum across the 4 warps with one shared-memory exchange and one barrier
