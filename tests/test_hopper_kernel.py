@@ -139,16 +139,23 @@ def _compile_env(triton_copy: str) -> dict[str, str]:
     return env
 
 
+def _compile_rows(body: str, env: dict[str, str], maxsplit: int = -1) -> tuple[str, list[list[str]]]:
+    """Run a compile script (`body`, after the repository on sys.path and `compile_hopper` imported) in a subprocess
+    with `env` (`_compile_env`); its stdout and the fields of its lines that start with ``R``."""
+    code = f"import sys; sys.path.insert(0, {ROOT!r})\nfrom mlalab.splitkv.sm90_build import compile_hopper\n" + body
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout, [ln.split(maxsplit=maxsplit) for ln in r.stdout.splitlines() if ln.startswith("R ")]
+
+
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
 @pytest.mark.parametrize("triton_copy", ["environment", "h200"])
 def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_copy: str) -> None:
     """With this environment's Triton and with the H200 machine's (3.6, fetched by scripts/test.sh into
     $MLALAB_TRITON_H200): register allocation differs between versions (a merge configuration spilled with 3.6 only)."""
     env = _compile_env(triton_copy)
-    code = (
-        f"import sys; sys.path.insert(0, {ROOT!r})\n"
+    body = (
         "import triton; print('V', triton.__version__)\n"
-        "from mlalab.splitkv.sm90_build import compile_hopper\n"
         "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES, HOPPER_MAX_STAGES_128\n"
         "sts_all = lambda r: sum(n for k, n in r.sass.items() if k[:3] == 'STS')  # shared stores of every width\n"
         "runs = [(v, st, 64) for v in ('vt-smem', 'v-regs') for st in range(1, HOPPER_MAX_STAGES[v] + 1)]\n"
@@ -168,33 +175,31 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_cop
         "          r.sass.get('STG.E.64', 0),\n"
         "          r.sass.get('MUFU.LG2', 0))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
+    out, rows = _compile_rows(body, env)
     if triton_copy == "h200":
-        assert "V 3.6." in r.stdout, r.stdout[:200]
-    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == HOPPER_MAX_STAGES["vt-smem"] + HOPPER_MAX_STAGES["v-regs"] + HOPPER_MAX_STAGES_128, r.stdout
+        assert "V 3.6." in out, out[:200]
+    assert len(rows) == HOPPER_MAX_STAGES["vt-smem"] + HOPPER_MAX_STAGES["v-regs"] + HOPPER_MAX_STAGES_128, out
     for _, variant, _st, regs, stack, shared, conflicts, qgmma, local, lds, sts, stg64, lg2 in rows:
-        assert int(regs) <= 255 and int(stack) == 0, r.stdout  # nothing in local memory
-        assert local == "0", r.stdout  # no local loads/stores, no byte-wise shared loads
-        assert int(shared) <= 227 * 1024, r.stdout  # what one CTA may take on sm_90
+        assert int(regs) <= 255 and int(stack) == 0, out  # nothing in local memory
+        assert local == "0", out  # no local loads/stores, no byte-wise shared loads
+        assert int(shared) <= 227 * 1024, out  # what one CTA may take on sm_90
         # 18 score (16 nope + 2 rope k-steps of 32) + 16 value (8 row blocks x 2 k-steps) fp8 wgmmas per tile
-        assert int(qgmma) == 34, r.stdout
+        assert int(qgmma) == 34, out
         # V of a tile: 16 x 16-byte loads per thread (128-token tiles: 32 x 8-byte loads, 8 consecutive dims each)
-        assert int(lds) >= (16 if variant != "v-regs-128" else 32), r.stdout
+        assert int(lds) >= (16 if variant != "v-regs-128" else 32), out
         if variant == "vt-smem":
-            assert conflicts == "0,0" and int(sts) >= 16, r.stdout  # the transpose: 16-byte stores, no conflicts
+            assert conflicts == "0,0" and int(sts) >= 16, out  # the transpose: 16-byte stores, no conflicts
         else:
             # V goes to registers: no shared-memory stores of any width but the Pᵀ tile's and the reductions' (18; a
             # transpose or a layout conversion of V or Oᵀ through shared memory would add 16 or more); the warp
             # exchange (2 stages) and the merge (3 stages) add their own
             plain = variant == "v-regs-128" or _st in ("1", "4", "5")
-            assert conflicts == "0" and int(sts) <= (20 if plain else 40), r.stdout
+            assert conflicts == "0" and int(sts) <= (20 if plain else 40), out
         # the fp32 partial leaves the accumulator as 32 8-byte stores per thread (head-minor, no conversion; 16 with
         # two warpgroups, which hold half of it each)
-        assert int(stg64) >= (32 if variant != "v-regs-128" else 16), r.stdout
+        assert int(stg64) >= (32 if variant != "v-regs-128" else 16), out
         # the LSE's log2 on the SFU (one per head column a thread holds), not Triton's software log2
-        assert int(lg2) >= 4, r.stdout
+        assert int(lg2) >= 4, out
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
@@ -204,27 +209,23 @@ def test_two_warpgroup_kernel_compiles_for_sm90(triton_copy: str) -> None:
     32 KB hand-over of Oᵀ free of bank conflicts, every ring within sm_90's 227 KB; with the H200's Triton (3.6) no
     spills for rings of 2-4 tiles (Triton 3.9 allocates registers differently and spills a few dozen bytes)."""
     env = _compile_env(triton_copy)
-    code = (
-        f"import sys; sys.path.insert(0, {ROOT!r})\n"
+    body = (
         "import triton; print('V', triton.__version__)\n"
-        "from mlalab.splitkv.sm90_build import compile_hopper\n"
         "from mlalab.splitkv.triton_mla import HOPPER_MAX_STAGES_2WG\n"
         "for ring in range(1, HOPPER_MAX_STAGES_2WG + 1):\n"
         "    r = compile_hopper(ring, variant='v-regs', warpgroups=2)\n"
         "    print('R', ring, r.stack_bytes, r.shared_bytes, ','.join(map(str, r.bank_conflicts)),\n"
         "          r.sass.get('QGMMA.64x16x32.F32.E4M3.E4M3', 0), r.sass.get('BAR.SYNC.DEFER_BLOCKING', 0))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == 4, r.stdout
+    out, rows = _compile_rows(body, env)
+    assert len(rows) == 4, out
     for _, ring, stack, shared, conflicts, qgmma, bars in rows:
-        assert int(shared) <= 227 * 1024, r.stdout
-        assert set(conflicts.split(",")) == {"0"} and len(conflicts.split(",")) >= 2, r.stdout  # V load, hand-over
-        assert int(qgmma) == 2 * 34, r.stdout  # each partition's copy of the tile loop
-        assert int(bars) > 0, r.stdout
+        assert int(shared) <= 227 * 1024, out
+        assert set(conflicts.split(",")) == {"0"} and len(conflicts.split(",")) >= 2, out  # V load, hand-over
+        assert int(qgmma) == 2 * 34, out  # each partition's copy of the tile loop
+        assert int(bars) > 0, out
         if triton_copy == "h200" and ring != "1":
-            assert int(stack) == 0, r.stdout
+            assert int(stack) == 0, out
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
@@ -234,23 +235,17 @@ def test_bf16_v_tile_path_compiles_to_bf16_wgmma_without_spills(triton_copy: str
     transposed from the K tile), no fp8 ones, no spills, in the 227 KB of shared memory, with and without the paged
     tail's zeroing, with the previous tile's stage refilled after the softmax or (``refill_after_pv=False``) before it
     (its ring is 2 tiles: with 1, a stage refilled one tile late would be the tile it waits for)."""
-    code = (
-        f"import sys; sys.path.insert(0, {ROOT!r})\n"
-        "from mlalab.splitkv.sm90_build import compile_hopper\n"
-        "for st in (2,):\n"
-        "  for mask, late in ((False, True), (True, True), (False, False), (True, False)):\n"
-        "    r = compile_hopper(st, variant='v-tile', mask_tail=mask, refill_after_pv=late)\n"
+    body = (
+        "for mask, late in ((False, True), (True, True), (False, False), (True, False)):\n"
+        "    r = compile_hopper(2, variant='v-tile', mask_tail=mask, refill_after_pv=late)\n"
         "    gmma = {k: n for k, n in r.sass.items() if 'GMMA' in k}\n"
-        "    print('R', st, mask, r.stack_bytes, r.shared_bytes, gmma)\n"
+        "    print('R', 2, mask, r.stack_bytes, r.shared_bytes, gmma)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                       env=_compile_env(triton_copy))  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [ln.split(maxsplit=5) for ln in r.stdout.splitlines() if ln.startswith("R ")]
-    assert len(rows) == 4, r.stdout
+    out, rows = _compile_rows(body, _compile_env(triton_copy), maxsplit=5)
+    assert len(rows) == 4, out
     for _, _st, _mask, stack, shared, gmma in rows:
-        assert stack == "0" and int(shared) <= 227 * 1024, r.stdout
-        assert gmma == "{'HGMMA.64x16x16.F32.BF16': 68}", r.stdout
+        assert stack == "0" and int(shared) <= 227 * 1024, out
+        assert gmma == "{'HGMMA.64x16x16.F32.BF16': 68}", out
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
@@ -258,9 +253,7 @@ def test_deferred_ring_fill_compiles_with_the_same_copies() -> None:
     """``hopper_first_burst``: the ring's later first tiles move from the start into the loop (after the first tile's
     wait), so the kernel issues as many TMA copies as with the whole ring at once; same wgmmas, no spills, no bank
     conflicts (this environment's Triton; the H200's 3.6 is checked in the test below when present)."""
-    code = (
-        f"import sys; sys.path.insert(0, {ROOT!r})\n"
-        "from mlalab.splitkv.sm90_build import compile_hopper\n"
+    body = (
         "runs = [('v-regs', 3, 64, fb) for fb in (0, 1, 2)] + [('vt-smem', 3, 64, fb) for fb in (0, 2)]\n"
         "runs += [('v-regs', 5, 64, fb) for fb in (0, 1, 4)] + [('v-regs', 2, 128, fb) for fb in (0, 1)]\n"
         "for v, st, blk, fb in runs:\n"
@@ -270,13 +263,12 @@ def test_deferred_ring_fill_compiles_with_the_same_copies() -> None:
         "          r.sass.get('QGMMA.64x16x32.F32.E4M3.E4M3', 0))\n"
     )
     env = _compile_env("h200") if _h200_triton() else _compile_env("environment")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = {(v, fb): rest for _, v, fb, *rest in (ln.split() for ln in r.stdout.splitlines() if ln.startswith("R "))}
-    assert len(rows) == 10, r.stdout
+    out, lines = _compile_rows(body, env)
+    rows = {(v, fb): rest for _, v, fb, *rest in lines}
+    assert len(rows) == 10, out
     for (v, _), (stack, conflicts, tma, qgmma) in rows.items():
-        assert stack == "0" and set(conflicts.split(",")) == {"0"} and qgmma == "34", r.stdout
-        assert tma == rows[(v, "0")][2], r.stdout  # the same copies, issued elsewhere
+        assert stack == "0" and set(conflicts.split(",")) == {"0"} and qgmma == "34", out
+        assert tma == rows[(v, "0")][2], out  # the same copies, issued elsewhere
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))

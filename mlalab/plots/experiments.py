@@ -126,7 +126,7 @@ def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:
                                  marker={"symbol": "diamond", "color": "black"}))  # fmt: skip
     run = f" — {d['run'].iloc[0]}" if "run" in d.columns else ""
     title = f"variants / {peer}, one process on the H200{run}"
-    return finish_ratio_figure(fig, goal if _precision(df) == "a8w8" else None, title, peer)
+    return finish_ratio_figure(fig, goal if peer == _PRECISIONS["a8w8"] else None, title, peer)
 
 
 def main() -> None:

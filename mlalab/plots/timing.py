@@ -84,8 +84,8 @@ def is_default_config(cell: object, sm_count: int | None = None) -> bool:
     if "variant" in cfg or not isinstance(cell, str) or "{" not in cell:
         return False
     default = dataclasses.asdict(KernelConfig())
-    same = lambda k, v: cfg[k] == v or cfg[k] in FORMER_DEFAULTS.get(k, ())  # noqa: E731
-    if any(k in cfg and not same(k, v) for k, v in default.items()):  # a knob a run did not have: its default then
+    # (a knob a run did not have: its default then)
+    if any(k in cfg and cfg[k] != v and cfg[k] not in FORMER_DEFAULTS.get(k, ()) for k, v in default.items()):
         return False
     extra = set(cfg) - set(default) - {"num_cus", "plan", "ran"}
     if extra:

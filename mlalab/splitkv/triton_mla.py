@@ -370,8 +370,7 @@ def hopper_ring(config: KernelConfig) -> int:
         return config.hopper_stages
     if config.hopper_block == 128:
         return HOPPER_MAX_STAGES_128
-    if config.hopper_warpgroups == 2:
-        return 3
+    # ("auto" and two warpgroups run v-regs's ring)
     variant = config.hopper_variant if config.hopper_variant in HOPPER_DEFAULT_STAGES else "v-regs"
     return HOPPER_DEFAULT_STAGES[variant]
 
@@ -382,7 +381,8 @@ def hopper_ring(config: KernelConfig) -> int:
 HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5, "v-tile": 2}
 
 #: The ring depth each path runs when `KernelConfig.hopper_stages` is None (`hopper_ring`): 3 tiles of 64 fp8 tokens
-#: (session 7's A/B: 4 and 5 were slower), 2 bf16 tiles (all that fits), 2 with 128-token tiles, 3 with two warpgroups.
+#: (session 7's A/B: 4 and 5 were slower; also the two-warpgroup kernel's), 2 bf16 tiles (all that fits); 128-token
+#: tiles: `HOPPER_MAX_STAGES_128`.
 HOPPER_DEFAULT_STAGES = {"vt-smem": 3, "v-regs": 3, "v-tile": 2}
 
 #: Tokens per tile of the sm_90 stage 1 (`KernelConfig.hopper_block`): 64 = one warpgroup (4 warps) per CTA; 128 =
@@ -507,9 +507,12 @@ class TritonDecoder:
         if config.hopper_variant not in ("auto", *HOPPER_VARIANTS):
             raise ValueError(f"hopper_variant must be 'auto', 'vt-smem', 'v-regs' or 'v-tile', "
                              f"got {config.hopper_variant!r}")  # fmt: skip
-        if config.hopper_stages is not None and (type(config.hopper_stages) is not int or config.hopper_stages < 1):
-            raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (or None: the path's "
-                             f"default ring), got {config.hopper_stages!r}")  # fmt: skip
+        most = max(HOPPER_MAX_STAGES.values())
+        if config.hopper_stages is not None and (type(config.hopper_stages) is not int or
+                                                 not 1 <= config.hopper_stages <= most):  # fmt: skip
+            raise ValueError(f"hopper_stages must be 1 to {most} (227 KB of shared memory; vt-smem holds 3 tiles, "
+                             f"v-regs 5, v-tile 2) or None (the path's default ring), "
+                             f"got {config.hopper_stages!r}")  # fmt: skip
         #: the sm_90 stage 1's ring depth (`hopper_ring`: `KernelConfig.hopper_stages` or the path's default)
         self.stages = stages = hopper_ring(config)
         if config.hopper_ablate not in HOPPER_ABLATIONS:
@@ -549,9 +552,6 @@ class TritonDecoder:
             if not 1 <= stages <= HOPPER_MAX_STAGES_2WG:
                 raise ValueError(f"hopper_warpgroups=2 shares a ring of 1 to {HOPPER_MAX_STAGES_2WG} tiles between its two "
                                  f"warpgroups, got hopper_stages={stages}")  # fmt: skip
-        if not 1 <= stages <= max(HOPPER_MAX_STAGES.values()):
-            raise ValueError(f"hopper_stages must be 1 to {max(HOPPER_MAX_STAGES.values())} (227 KB of shared memory; "
-                             f"vt-smem holds 3 tiles, v-regs 5, v-tile 2), got {stages}")  # fmt: skip
         burst = config.hopper_first_burst
         if burst is not None and (type(burst) is not int or not 0 <= burst < stages):
             raise ValueError(f"hopper_first_burst must be None (auto), 0 (the whole ring at once) or 1 to "
