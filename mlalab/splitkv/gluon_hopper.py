@@ -269,10 +269,12 @@ def _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, parti
         o1, o3 = gl.split(odd)
         n_valid = H  # one q row of 16 heads per work (NQ == H): every column is valid
         _store_rows(o0, o1, o2, o3, lse, OUT, OUT_LSE, qo_start.to(gl.int64) * H, n_valid, D_NOPE, NQ)
-    elif NATURAL:  # one split of it: fp32 partial at the plan's partial row, head-minor, straight from the accumulator
-        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, NATURAL_ROW_BITS, D_NOPE, NQ)
-    else:
-        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, VT_ROW_BITS, D_NOPE, NQ)
+    else:  # one split of it: fp32 partial at the plan's partial row, head-minor, straight from the accumulator
+        if NATURAL:
+            ROW_BITS: gl.constexpr = NATURAL_ROW_BITS
+        else:
+            ROW_BITS: gl.constexpr = VT_ROW_BITS
+        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, ROW_BITS, D_NOPE, NQ)
 
 
 #: Oᵀ's row m is value dim m (bits 0-8 in place) when the PV reads V straight from the K tile (``V_FROM_K``)
@@ -445,15 +447,15 @@ def _stage1_kernel(
     # a row of Pᵀ / Vᵀ: BLOCK_N tokens of the KV's type (64 B in fp8, 128 B in bf16)
     T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * KV_BITS // 8, element_bitwidth=KV_BITS,
                                                   rank=2)  # fmt: skip
-    fp8: gl.constexpr = kn_desc.dtype  # (the KV's element type: fp8, or bf16 with V_FROM_K)
+    kv_type: gl.constexpr = kn_desc.dtype  # the KV's element type: fp8, or bf16 with V_FROM_K
 
-    kn_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
-    kr_smem = gl.allocate_shared_memory(fp8, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
-    qn_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_NOPE], qn_desc.layout)
-    qr_smem = gl.allocate_shared_memory(fp8, [2, NQ, D_ROPE], qr_desc.layout)
-    p_smem = gl.allocate_shared_memory(fp8, [2, NQ, BLOCK_N], T_LAYOUT)
+    kn_smem = gl.allocate_shared_memory(kv_type, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
+    kr_smem = gl.allocate_shared_memory(kv_type, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
+    qn_smem = gl.allocate_shared_memory(kv_type, [2, NQ, D_NOPE], qn_desc.layout)
+    qr_smem = gl.allocate_shared_memory(kv_type, [2, NQ, D_ROPE], qr_desc.layout)
+    p_smem = gl.allocate_shared_memory(kv_type, [2, NQ, BLOCK_N], T_LAYOUT)
     if not V_IN_REGS and not V_FROM_K:
-        vt_smem = gl.allocate_shared_memory(fp8, [2, D_NOPE, BLOCK_N], T_LAYOUT)
+        vt_smem = gl.allocate_shared_memory(kv_type, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     if WARP_XCHG:
         # the 4 warps' per-head values of `_across_warps`: slot 0 for the tiles' maxima (a tile's reads precede the
         # barrier after its P store, which the next tile passes before it writes), 1 / 2 for the works' softmax sums by
@@ -580,9 +582,9 @@ def _stage1_kernel(
             m_i = m_new
             pb = it % 2
             if V_IN_REGS:
-                p_smem.index(pb).store(_p_operand(p, fp8, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
+                p_smem.index(pb).store(_p_operand(p, kv_type, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
             else:
-                p_smem.index(pb).store(p.to(fp8).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
+                p_smem.index(pb).store(p.to(kv_type).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
             _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
             if V_FROM_K:  # noqa: SIM102
