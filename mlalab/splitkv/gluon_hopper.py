@@ -401,7 +401,7 @@ def _stage1_kernel(
     WARP_XCHG: gl.constexpr,  # maxima / softmax sums across the 4 warps with one barrier each (`_across_warps`)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     MERGE_MAX: gl.constexpr,  # 0, or a power of two: requests split in <= MERGE_MAX merged here by their last CTA
-    PREFETCH_DESC: gl.constexpr,  # fetch the 4 TMA descriptors into the TMA unit's cache at the start (`_PREFETCH_DESC`)
+    PREFETCH_DESC: gl.constexpr,  # the 4 TMA descriptors fetched into the TMA unit at the start (`_PREFETCH_DESC`)
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps * 16 == BLOCK_N, "one warpgroup per 64 tokens of a tile (4 warps x 16 rows)")
