@@ -3,7 +3,8 @@ measured in the same run, error against the exact and the emulated-quantised ref
 
 Method (one shape, one backend): build the backend's callable once (quantisation, plan, buffers, JIT outside
 the timing), run it `warmup` times, capture ``calls_per_graph`` calls into one CUDA graph with call ``i`` reading
-KV copy ``i mod n_copies`` (enough copies that the rotation spans > 4x the 60 MB L2, at most 16 / 1 GB), replay
+KV copy ``i mod n_copies`` (enough copies that the rotation spans > 4x the 60 MB L2, at most `MAX_ROTATION` / 1 GB;
+at least one call per copy, so every replay reads every copy), replay
 the graph ``replays`` times between CUDA events and report the median and IQR of (replay time / calls). Bytes
 counted once: KV bytes (576 B/token fp8, 1152 bf16) + q + bf16 output; TB/s = bytes / median time.
 """
@@ -31,6 +32,7 @@ from .traffic import decode_traffic
 
 __all__ = [
     "COMPETITION_SHAPES",
+    "MAX_ROTATION",
     "rotation_copies",
     "SUITES",
     "TimingRecord",
@@ -115,12 +117,18 @@ def _events_ms(fn: Any, reps: int) -> list[float]:
     return ts
 
 
+#: The most KV copies one timed graph rotates through (one call per copy). Up to 2026-12-03 (run 12) it was 16, so the
+#: smallest competition shape, 4 x 1024 (2.4 MB of fp8 KV), rotated through 38 MB: less than the L2, for every backend.
+MAX_ROTATION = 256
+
+
 def rotation_copies(kv_bytes: int) -> int:
     """How many KV copies a timed graph rotates through: enough that the rotation spans > 4x the L2 (so no call
-    finds its KV there), at least 2, at most 16 and 1 GB of copies."""
+    finds its KV there), at least 2, at most `MAX_ROTATION` copies and 1 GB of them (a KV under 4 x L2 /
+    `MAX_ROTATION`, ~1 MB, rotates through less than 4 L2s)."""
     if not isinstance(kv_bytes, int) or isinstance(kv_bytes, bool) or kv_bytes <= 0:
         raise ValueError(f"kv_bytes must be a positive int, got {kv_bytes!r}")
-    return int(min(16, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
+    return int(min(MAX_ROTATION, max(2, math.ceil(4 * L2_BYTES / kv_bytes)), max(2, (1 << 30) // kv_bytes)))
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> float:
@@ -135,9 +143,13 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> float:
 
 
 def time_callable(call: Any, n_copies: int, *, calls_per_graph: int = 20, replays: int = 10, warmup: int = 3) -> dict:
-    """Median / IQR of one call's time (µs) from CUDA-graph replays of `calls_per_graph` rotated calls."""
+    """Median / IQR of one call's time (µs) from CUDA-graph replays of rotated calls: `calls_per_graph` of them, or
+    `n_copies` if more (every replay reads every KV copy once)."""
     if calls_per_graph < 1 or replays < 3:
         raise ValueError("calls_per_graph must be >= 1 and replays >= 3")
+    if isinstance(n_copies, bool) or not isinstance(n_copies, int) or n_copies < 1:
+        raise ValueError(f"n_copies must be an int >= 1, got {n_copies!r}")
+    calls_per_graph = max(calls_per_graph, n_copies)
     for i in range(warmup):
         call(i)
     torch.cuda.synchronize()

@@ -26,6 +26,7 @@ from mlalab.timing import (
     COMPETITION_SHAPES,
     CSV_COLUMNS,
     L2_BYTES,
+    MAX_ROTATION,
     config_string,
     copy_bandwidth,
     parse_config,
@@ -46,9 +47,11 @@ def test_recorded_csvs_have_the_schema_and_the_competition_suite() -> None:
 def test_rotation_copies_span_four_l2s_within_bounds() -> None:
     for kv_bytes in (1, 2_359_296, 37_748_736, 75_497_472, 603_979_776, 1_207_959_552):
         n = rotation_copies(kv_bytes)
-        assert 2 <= n <= 16 and (n * kv_bytes > 4 * L2_BYTES or n == 16 or n == 2)
+        assert 2 <= n <= MAX_ROTATION and (n * kv_bytes > 4 * L2_BYTES or n == MAX_ROTATION or n == 2)
         assert n == 2 or n * kv_bytes <= max(1 << 30, 4 * L2_BYTES + kv_bytes)
-    assert rotation_copies(2_359_296) == 16 and rotation_copies(603_979_776) == 2
+    # the smallest competition shape (4 x 1024 fp8) rotates through > 4 L2s (107 copies; 16 up to run 12: 38 MB)
+    assert rotation_copies(4 * 1024 * 576) == 107 and rotation_copies(603_979_776) == 2
+    assert rotation_copies(1) == MAX_ROTATION
     for bad in (0, -5, 1.5, True, "8"):
         with pytest.raises(ValueError, match="kv_bytes"):
             rotation_copies(bad)
