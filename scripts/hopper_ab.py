@@ -68,8 +68,6 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2b1": (1, dict(hopper_variant="v-regs", hopper_first_burst=1)),
     "v2b2": (1, dict(hopper_variant="v-regs", hopper_first_burst=2)),
     "v2s4b2": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_first_burst=2)),
-    # the four TMA descriptors prefetched at the CTA's start (prefetch.param.tensormap), beside auto
-    "pf": (1, dict(hopper_prefetch_desc=True)),
     # bf16 (--precision bf16): the portable kernel (bf16's default) and the sm_90 v-tile path (Vᵀ read from the K tile)
     "portable": (1, dict(kernel="portable")),
     "v-tile": (1, dict(hopper_variant="v-tile")),

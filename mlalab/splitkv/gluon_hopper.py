@@ -108,18 +108,6 @@ TIMELINE_MAX = gl.constexpr(256)
 TIMELINE_COLS = gl.constexpr(8 + 4 * 256)
 
 
-#: Kernel parameters per 2-D TMA descriptor argument in the PTX Triton makes of `_stage1_kernel`: the 128-byte
-#: CUtensorMap, then its 2 sizes and 2 strides (checked on every sm_90 compile: `sm90_build.prefetched_params`).
-DESC_PARAMS = 5
-#: ``prefetch.param.tensormap`` of the kernel's four descriptor parameters (qn, qr, kn, kr), named as the PTX names
-#: them. Why: a CTA's first TMA of each descriptor otherwise fetches its 128 bytes first, in the TMA unit, after the
-#: header's loads; prefetched at the start, those round trips overlap the header's. (Gluon has no op for it and
-#: inline assembly takes only tensors, hence the parameters by name.)
-_PREFETCH_DESC = gl.constexpr(
-    " ".join(f"prefetch.param.tensormap [_stage1_kernel_param_{DESC_PARAMS * i}];" for i in range(4)) + " // $0"
-)
-
-
 @gluon.jit
 def _stamp(TL, col, GLOBAL: gl.constexpr = False):
     """Write the SM's cycle counter (or, with `GLOBAL`, the GPU's nanosecond timer) to ``TL[col]``."""
@@ -401,7 +389,6 @@ def _stage1_kernel(
     WARP_XCHG: gl.constexpr,  # maxima / softmax sums across the 4 warps with one barrier each (`_across_warps`)
     INFO_COLS: gl.constexpr,  # columns of CTA_INFO (`triton_mla.hopper_cta_info`): 5 + the rows of the first tiles
     MERGE_MAX: gl.constexpr,  # 0, or a power of two: requests split in <= MERGE_MAX merged here by their last CTA
-    PREFETCH_DESC: gl.constexpr,  # the 4 TMA descriptors fetched into the TMA unit at the start (`_PREFETCH_DESC`)
     num_warps: gl.constexpr,
 ):  # fmt: skip
     gl.static_assert(num_warps * 16 == BLOCK_N, "one warpgroup per 64 tokens of a tile (4 warps x 16 rows)")
@@ -421,8 +408,6 @@ def _stage1_kernel(
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     gl.static_assert(NUM_STAGES <= 5 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
     gl.static_assert(FIRST_BURST >= 1 and FIRST_BURST <= NUM_STAGES, "the first burst is 1 to NUM_STAGES tiles")
-    if PREFETCH_DESC:  # the descriptors' fetch overlaps the header's loads instead of delaying the first TMAs
-        gl.inline_asm_elementwise(_PREFETCH_DESC, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)  # fmt: skip

@@ -92,7 +92,6 @@ def compile_hopper(
     block: int = 64,
     warpgroups: int = 1,
     first_burst: int = 0,
-    prefetch_desc: bool = False,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs`` on fp8 inputs,
     ``v-tile`` on bf16: the PV reads Vᵀ from the K tile, 64-token tiles, none of the options below) for sm_90 with
@@ -178,7 +177,6 @@ def compile_hopper(
                     WAIT_PRIOR=False, TIMELINE=timeline,
                     ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, FIRST_BURST=first_burst or stages,
                     WARP_XCHG=warp_exchange, INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True,
-                    PREFETCH_DESC=prefetch_desc,
                     num_warps=block // 16, grid=(1,),
                 )  # fmt: skip
     finally:

@@ -236,7 +236,6 @@ class KernelConfig:
     hopper_block: int = 64
     hopper_warpgroups: int = 1
     hopper_first_burst: int | None = None
-    hopper_prefetch_desc: bool = False
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -676,8 +675,7 @@ class TritonDecoder:
                     V_FROM_K=self.hopper_variant == "v-tile",
                     ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                     Q_FIRST=c.hopper_q_first, FIRST_BURST=self.first_burst,
-                    WARP_XCHG=c.hopper_warp_exchange, MERGE_MAX=self.merge_max,
-                    PREFETCH_DESC=c.hopper_prefetch_desc, num_warps=self.block // 16)  # fmt: skip
+                    WARP_XCHG=c.hopper_warp_exchange, MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
 
     @property
     def ran(self) -> str:
