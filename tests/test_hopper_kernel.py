@@ -53,9 +53,10 @@ def test_refusals_name_the_reason() -> None:
     plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
     assert "a8w8 or bf16 only" in hopper_unsupported(prepare(x, "a16w8"), wi)
-    # bf16: the portable kernel unless the experimental v-tile path is asked for
-    assert "unless hopper_variant='v-tile'" in hopper_unsupported(prepare(x, "bf16"), wi)
+    # bf16: the v-tile path ("auto" means it), not the fp8 paths
+    assert "v-tile path only" in hopper_unsupported(prepare(x, "bf16"), wi, variant="v-regs")
     assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "bf16"), wi, variant="v-tile")
+    assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "bf16"), wi)
     assert "exact mode" in hopper_unsupported(prepare(x, "a8w8"), wi, pv_exact=True)
     assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "a8w8"), wi)  # this CPU tensor
     assert "e4m3fn" in hopper_unsupported(prepare(x, "a8w8", fp8_format="e4m3fnuz"), wi)
@@ -81,7 +82,8 @@ def test_refusals_name_the_reason() -> None:
     with pytest.raises(ValueError, match="hopper_stages must be 1 to 5"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_stages=2.0))
     # the v-tile path is bf16's, on 64-token tiles, one warpgroup, a ring of exactly 2 tiles, none of the fp8 paths'
-    # experiments; bf16 with any other variant runs the portable kernel (kernel='hopper' then names why not)
+    # experiments; bf16's "auto" is v-tile (the same rules), bf16 with an fp8 variant runs the portable kernel
+    # (kernel='hopper' then names why not)
     with pytest.raises(ValueError, match="'v-tile' .* 16-bit types only: bf16 precision, not a8w8"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_variant="v-tile"))
     bf16 = prepare(x, "bf16")
@@ -89,8 +91,10 @@ def test_refusals_name_the_reason() -> None:
                   dict(hopper_warp_exchange=True), dict(hopper_ablate="qk"), dict(hopper_stages=1)):  # fmt: skip
         with pytest.raises(ValueError, match="'v-tile' \\(bf16\\) runs 64-token tiles .* exactly 2 tiles"):
             TritonDecoder(bf16, plan, config=KernelConfig(hopper_variant="v-tile", **knobs))
-    with pytest.raises(ValueError, match="kernel='hopper' cannot run here: bf16 runs the portable kernel unless"):
-        TritonDecoder(bf16, plan, config=KernelConfig(kernel="hopper"))
+    with pytest.raises(ValueError, match="'v-tile' \\(bf16\\) runs 64-token tiles .* exactly 2 tiles"):
+        TritonDecoder(bf16, plan, config=KernelConfig(hopper_stages=3))  # ("auto": v-tile for bf16)
+    with pytest.raises(ValueError, match="kernel='hopper' cannot run here: bf16 runs the sm_90 kernel on its v-tile"):
+        TritonDecoder(bf16, plan, config=KernelConfig(kernel="hopper", hopper_variant="v-regs"))
     with pytest.raises(RuntimeError, match="needs a GPU"):  # (past every check: this CPU cannot launch it)
         TritonDecoder(bf16, plan, config=KernelConfig(hopper_variant="v-regs"))  # (bf16 runs the portable kernel)
 

@@ -67,8 +67,9 @@ def _check_df(df: object) -> pd.DataFrame:
 
 #: Knobs whose default became None (= the path's own choice) after runs had recorded the former default, which is what
 #: None resolves to on every path those runs timed: ``hopper_stages`` 3 (up to run 12; since session 11 None gives 3
-#: on the fp8 paths and 2 on bf16's v-tile path, which no run before then timed).
-FORMER_DEFAULTS: dict[str, tuple[object, ...]] = {"hopper_stages": (3,)}
+#: on the fp8 paths and 2 on bf16's v-tile path, which no run before then timed) and ``hopper_refill_after_pv`` True
+#: (up to run 12; since session 12 None gives True on the fp8 paths and False on v-tile).
+FORMER_DEFAULTS: dict[str, tuple[object, ...]] = {"hopper_stages": (3,), "hopper_refill_after_pv": (True,)}
 
 
 def is_default_config(cell: object, sm_count: int | None = None) -> bool:

@@ -172,21 +172,23 @@ class KernelConfig:
     """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`).
 
     ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`: wgmma, TMA ring of ``hopper_stages`` 64-token
-    tiles; a8w8 on two fp8 paths, bf16 on one when ``hopper_variant="v-tile"``; see `hopper_unsupported`), ``"portable"`` = the Triton kernel of `triton_decode`
+    tiles; a8w8 on two fp8 paths, bf16 on the v-tile path; see `hopper_unsupported`), ``"portable"`` = the Triton kernel
+    of `triton_decode`
     (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
     else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
     overlaps stage 1 and it starts the moment stage 1's writes are visible. ``pdl_chain`` (hopper, with ``pdl``):
     stage 1 too is a programmatic dependent of whatever precedes it in the stream; it reads its plan header and
     sets up shared memory, then waits for that kernel to complete before it reads q or the KV or writes
     anything, so back-to-back calls overlap one call's launch and header with the previous call's tail. ``hopper_variant`` (hopper):
-    ``"vt-smem"``, ``"v-regs"`` (fp8), ``"v-tile"`` (bf16, experimental: asked for, it runs the sm_90 kernel for bf16;
-    its GPU tests after the last fix are pending) or ``"auto"`` (see `HOPPER_VARIANTS`, `HOPPER_LONG_STREAM`). ``hopper_ablate``
+    ``"vt-smem"``, ``"v-regs"`` (fp8), ``"v-tile"`` (bf16) or ``"auto"`` (fp8: by the plan, `HOPPER_LONG_STREAM`;
+    bf16: v-tile; `HOPPER_VARIANTS`, `resolve_config`). ``hopper_ablate``
     (hopper, timing experiments only: the outputs are WRONG): ``"none"``, ``"qk"`` (the score wgmma is skipped, scores
     are 0) or ``"qk+pv"`` (the value wgmma and its V operand too): what the decode would take if that compute were
     free, every byte still loaded and stored (`HOPPER_ABLATIONS`, ``scripts/profile_hopper.py --ablations``).
-    ``hopper_refill_after_pv`` (hopper): a ring stage's refill TMA is issued right after the tile's PV (default), not
-    between the softmax and the PV (v-tile: the previous tile's stage after this tile's softmax, else right after its
-    wait with one more barrier; not yet timed). ``hopper_q_first`` (hopper): the first work's q is fetched before the ring's
+    ``hopper_refill_after_pv`` (hopper): True = a ring stage's refill TMA is issued right after the tile's PV, False =
+    between the softmax and the PV (v-tile: True = the previous tile's stage after this tile's softmax, False = right
+    after its wait with one more barrier); None (default) = the faster of the two on the path (`HOPPER_EARLY_REFILL`:
+    False on v-tile, True on the fp8 paths). ``hopper_q_first`` (hopper): the first work's q is fetched before the ring's
     first tiles (default; else after them, as up to 2026-12-03's run 9: 0.718x vs 0.710x of FlashMLA fp8's geomean
     in one A/B, data/profiles/h200_2026-12-03_ab_qfirst_stages.csv). ``hopper_warp_exchange`` (hopper): each tile's
     score maximum and each work's softmax sum across the 4 warps with one shared-memory exchange and one barrier
@@ -229,7 +231,7 @@ class KernelConfig:
     pdl_chain: bool = False
     hopper_variant: str = "auto"
     hopper_ablate: str = "none"
-    hopper_refill_after_pv: bool = True
+    hopper_refill_after_pv: bool | None = None
     hopper_q_first: bool = True
     hopper_warp_exchange: bool = False
     hopper_merge_splits: int = 0
@@ -264,12 +266,12 @@ def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None,
     for, then what this machine lacks. `work_info`: the plan's works (`token_work_info`); None = before any plan
     exists, judging q rows per request from ``qo_indptr`` (the planners never split a request's q rows).
     The one place that decides: `TritonDecoder` (kernel="auto") and the backend's plan default both ask it.
-    `variant`: `KernelConfig.hopper_variant`; bf16 runs the sm_90 kernel only with ``"v-tile"`` (experimental)."""
+    `variant`: `KernelConfig.hopper_variant`; bf16 runs the sm_90 kernel on ``"v-tile"`` (which ``"auto"`` means for it)."""
     if prepared.precision is Precision.A16W8:
         return "a8w8 or bf16 only (both products on fp8 or on bf16 wgmma), not a16w8"
-    if prepared.precision is Precision.BF16 and variant != "v-tile":
-        return ("bf16 runs the portable kernel unless hopper_variant='v-tile' (the sm_90 bf16 path, experimental: "
-                "not yet the default, see KernelConfig)")  # fmt: skip
+    if prepared.precision is Precision.BF16 and variant not in ("auto", "v-tile"):
+        return (f"bf16 runs the sm_90 kernel on its v-tile path only (hopper_variant 'auto' or 'v-tile', not "
+                f"{variant!r})")  # fmt: skip
     if prepared.precision is Precision.A8W8 and prepared.kv.dtype != torch.float8_e4m3fn:
         return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
     if pv_exact or out_dtype != torch.bfloat16:
@@ -324,8 +326,7 @@ def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info:
 #: `gluon_hopper_vreg`: V straight from the K tile into the PV's register operand; no Vᵀ buffer, but PV(i-1) is
 #: waited for before QK(i)); ``v-tile`` (``V_FROM_K``, bf16 only: the PV reads Vᵀ straight from the K tile in shared
 #: memory, which wgmma can read transposed for 16-bit types only; the stage is refilled once that PV has completed).
-#: fp8 runs vt-smem or v-regs; bf16 runs v-tile only when asked for (experimental: not yet the default, so bf16's
-#: ``"auto"`` is the portable kernel).
+#: fp8 runs vt-smem or v-regs; bf16 runs v-tile (its ``"auto"``, `resolve_config`).
 HOPPER_VARIANTS = ("vt-smem", "v-regs", "v-tile")
 
 #: `KernelConfig.hopper_ablate` -> the kernel's ``ABLATE``: which compute the sm_90 stage 1 skips (timing only).
@@ -361,6 +362,33 @@ def first_burst(config: KernelConfig, most_tiles: int, stages: int) -> int:
     if config.hopper_warpgroups == 1 and deep_ring and most_tiles > HOPPER_FIRST_BURST:
         return HOPPER_FIRST_BURST
     return stages
+
+
+def resolve_config(config: KernelConfig, precision: Precision) -> KernelConfig:
+    """`config` with the knobs that the path decides resolved for `precision`: ``hopper_variant="auto"`` is
+    ``"v-tile"`` for bf16 (the only sm_90 bf16 path; fp8's "auto" is decided per plan, `HOPPER_LONG_STREAM`), and
+    ``hopper_refill_after_pv=None`` is True (after the PV) on the fp8 paths, False (early) on v-tile
+    (`HOPPER_EARLY_REFILL`)."""
+    if not isinstance(config, KernelConfig):
+        raise TypeError(f"config must be a KernelConfig, got {type(config).__name__}")
+    refill = config.hopper_refill_after_pv
+    if refill is not None and not isinstance(refill, bool):
+        raise TypeError(f"KernelConfig switches must be True or False, got hopper_refill_after_pv={refill!r} (or None: "
+                        "the path's default)")  # fmt: skip
+    variant = config.hopper_variant
+    if Precision(precision) is Precision.BF16 and variant == "auto" and config.kernel != "portable":
+        variant = "v-tile"
+    if refill is None:
+        refill = variant not in HOPPER_EARLY_REFILL
+    return dataclasses.replace(config, hopper_variant=variant, hopper_refill_after_pv=refill)
+
+
+#: The sm_90 paths whose ring refill goes out early by default (``hopper_refill_after_pv=None``): v-tile, where the
+#: previous tile's stage is refilled right after this tile's wait (one more barrier) instead of after its softmax.
+#: Measured on the H200 (2026-12-03, one process, data/profiles/h200_2026-12-03_ab_bf16_v_tile.csv): 0.861x FlashMLA
+#: bf16's geomean against 0.883x (portable kernel 1.357x). On the fp8 paths the refill after the PV won (v-regs
+#: 21.88 vs 22.66 us geomean, data/profiles/h200_2026-12-03_ab_refill.csv).
+HOPPER_EARLY_REFILL = ("v-tile",)
 
 
 def hopper_ring(config: KernelConfig) -> int:
@@ -507,6 +535,8 @@ class TritonDecoder:
         if config.hopper_variant not in ("auto", *HOPPER_VARIANTS):
             raise ValueError(f"hopper_variant must be 'auto', 'vt-smem', 'v-regs' or 'v-tile', "
                              f"got {config.hopper_variant!r}")  # fmt: skip
+        #: the knobs as this decoder runs them (`resolve_config`: bf16's "auto" is v-tile, the refill point chosen)
+        config = resolve_config(config, prepared.precision)
         most = max(HOPPER_MAX_STAGES.values())
         if config.hopper_stages is not None and (type(config.hopper_stages) is not int or
                                                  not 1 <= config.hopper_stages <= most):  # fmt: skip
