@@ -52,8 +52,11 @@ def test_refusals_name_the_reason() -> None:
     x = make_inputs(DecodeCase(kv_lens=(100, 70)))
     plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
-    assert "a8w8 or bf16 only" in hopper_unsupported(prepare(x, "a16w8"), wi)
-    # bf16: the v-tile path ("auto" means it), not the fp8 paths
+    # bf16: the v-tile path ("auto" means it), a16w8 the v-conv path, not the a8w8 paths
+    assert "a16w8 runs the sm_90 kernel on its v-conv path only" in hopper_unsupported(prepare(x, "a16w8"), wi,
+                                                                                     variant="v-regs")  # fmt: skip
+    assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "a16w8"), wi)
+    assert "e4m3fn" in hopper_unsupported(prepare(x, "a16w8", fp8_format="e4m3fnuz"), wi)
     assert "v-tile path only" in hopper_unsupported(prepare(x, "bf16"), wi, variant="v-regs")
     assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "bf16"), wi, variant="v-tile")
     assert "needs an NVIDIA GPU" in hopper_unsupported(prepare(x, "bf16"), wi)
@@ -71,8 +74,10 @@ def test_refusals_name_the_reason() -> None:
     assert "q_len 1" in hopper_unsupported(prepare(spec, "a8w8"), swi)
     assert "q_len 1" in hopper_unsupported(prepare(spec, "a8w8"), None)  # before a plan exists: from qo_indptr
     # asked for explicitly, a refusal is an error naming the reason; "auto" falls back to the portable kernel
-    with pytest.raises(ValueError, match="kernel='hopper' cannot run here: a8w8 or bf16 only"):
-        TritonDecoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="hopper"))
+    with pytest.raises(ValueError, match="kernel='hopper' cannot run here: a16w8 runs the sm_90 kernel on its v-conv"):
+        TritonDecoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="hopper", hopper_variant="vt-smem"))
+    with pytest.raises(ValueError, match="kernel='hopper' cannot run here: needs an NVIDIA GPU"):
+        TritonDecoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="hopper"))  # (v-conv: this CPU)
     with pytest.raises(ValueError, match="kernel must be 'auto', 'hopper' or 'portable'"):
         TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(kernel="cuda"))
     with pytest.raises(ValueError, match="hopper_stages must be 1 to 5"):
@@ -97,6 +102,15 @@ def test_refusals_name_the_reason() -> None:
         TritonDecoder(bf16, plan, config=KernelConfig(kernel="hopper", hopper_variant="v-regs"))
     with pytest.raises(RuntimeError, match="needs a GPU"):  # (past every check: this CPU cannot launch it)
         TritonDecoder(bf16, plan, config=KernelConfig(hopper_variant="v-regs"))  # (bf16 runs the portable kernel)
+    # the v-conv path is a16w8's: 64-token tiles, one warpgroup, a ring of at most 2 fp8 tiles refilled once converted
+    with pytest.raises(ValueError, match="'v-conv' converts fp8 KV codes for bf16 q: a16w8 precision, not bf16"):
+        TritonDecoder(bf16, plan, config=KernelConfig(hopper_variant="v-conv"))
+    a16 = prepare(x, "a16w8")
+    for knobs in (dict(hopper_block=128), dict(hopper_warpgroups=2), dict(hopper_merge_splits=2),
+                  dict(hopper_warp_exchange=True), dict(hopper_ablate="qk"), dict(hopper_stages=3),
+                  dict(hopper_refill_after_pv=False)):  # fmt: skip
+        with pytest.raises(ValueError, match="'v-conv' \\(a16w8\\) runs 64-token tiles .* at most 2 fp8 tiles"):
+            TritonDecoder(a16, plan, config=KernelConfig(**knobs))  # ("auto": v-conv for a16w8)
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -249,6 +263,27 @@ def test_bf16_v_tile_path_compiles_to_bf16_wgmma_without_spills(triton_copy: str
     assert len(rows) == 4, out
     for _, _st, _mask, stack, shared, gmma in rows:
         assert stack == "0" and int(shared) <= 227 * 1024, out
+        assert gmma == "{'HGMMA.64x16x16.F32.BF16': 68}", out
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+@pytest.mark.parametrize("triton_copy", ["environment", "h200"])
+def test_a16w8_v_conv_path_compiles_to_bf16_wgmma_without_spills(triton_copy: str) -> None:
+    """a16w8's path (``KV_CONVERT``): fp8 ring tiles converted into one bf16 tile (16-byte shared loads of 16 codes,
+    32 bytes stored per 16), then the 68 bf16 wgmmas of v-tile; no spills (the bf16 tile's address is not a
+    constant, so its wgmma descriptors are not hoisted out of the loop and spilled), in 227 KB, with and without the
+    paged tail's zeroing, rings of 1 and 2 fp8 tiles."""
+    body = (
+        "for st, mask in ((2, False), (2, True), (1, False)):\n"
+        "    r = compile_hopper(st, variant='v-conv', mask_tail=mask)\n"
+        "    gmma = {k: n for k, n in r.sass.items() if 'GMMA' in k}\n"
+        "    print('R', st, mask, r.stack_bytes, r.shared_bytes, r.sass.get('LDS.128', 0), gmma)\n"
+    )
+    out, rows = _compile_rows(body, _compile_env(triton_copy), maxsplit=6)
+    assert len(rows) == 3, out
+    for _, _st, _mask, stack, shared, lds128, gmma in rows:
+        assert stack == "0" and int(shared) <= 227 * 1024, out
+        assert int(lds128) >= 64 * 576 // 128 // 16, out  # a thread converts 288 codes of a tile, 16 per load (3.9: +2)
         assert gmma == "{'HGMMA.64x16x16.F32.BF16': 68}", out
 
 
@@ -737,6 +772,77 @@ def test_gpu_bf16_error_like_the_portable_kernel_and_launch_options_agree() -> N
         few = build_plan(x, planner, slots)
         assert int(few.work_indptr.diff().max()) >= 2
         _check_against_reference(p, few, config=KernelConfig(**vt))
+
+
+#: a16w8's sm_90 path (v-conv: fp8 ring tiles converted to one bf16 tile): its default 2-tile ring, 1 tile, and the
+#: 2-tile ring's deferred fill
+_A16W8_CONFIGS = {
+    "v-conv": KernelConfig(),
+    "v-conv-1-stage": KernelConfig(hopper_stages=1),
+    "v-conv-burst-1": KernelConfig(hopper_first_burst=1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("planner", list(PLANNERS))
+@pytest.mark.parametrize("variant", list(_A16W8_CONFIGS))
+def test_gpu_a16w8_every_planner_ragged_long_empty_and_paged_with_nan(planner: str, variant: str) -> None:
+    """a16w8 (bf16 q, fp8 KV) on the v-conv path against the fp64 reference on the same inputs (the dequantised KV
+    codes): ragged, long, empty requests, more works than slots, and a permuted paged cache whose unused slots hold
+    the fp8 NaN code (converted into the tile the PV reads, so a work's last tile has its tail zeroed)."""
+    from mlalab.backends.triton import build_plan
+
+    cfg = _A16W8_CONFIGS[variant]
+    for lens in [ragged_kv_lens(9, 700, seed=3), (1, 64, 8192), (0, 130, 5, 4096), (100,) * 150]:
+        x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
+        p = prepare(x, "a16w8")
+        dec = TritonDecoder(p, build_plan(x, planner, 132), config=cfg)
+        assert dec.kernel == "hopper" and dec.hopper_variant == "v-conv" and dec.ran == "hopper:v-conv"
+        _check_against_reference(p, build_plan(x, planner, 132), config=cfg)
+    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
+    x = make_inputs(DecodeCase(kv_lens=lens, page_size=64, permute_pages=True, seed=9)).to("cuda")
+    p = prepare(x, "a16w8")
+    clean = dataclasses.replace(p, kv=p.kv.clone())
+    kv = p.kv.view(-1, 64, p.kv.shape[-1])
+    pages = x.kv_indices.long()
+    for b in range(len(lens)):
+        s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
+        if e > s:
+            kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
+    assert torch.isnan(p.kv.float()).any()
+    knobs = {"block": 1} if planner == "simple" else {}
+    _check_against_reference(p, build_plan(x, planner, 132, **knobs), clean, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+def test_gpu_a16w8_error_like_the_portable_kernel_and_launch_options_agree() -> None:
+    """a16w8 production numerics (bf16 q, the KV's fp8 codes exact in bf16, P rounded to bf16, fp32 accumulation):
+    within 10 % of the portable kernel's error against the exact decode and within 5e-3 of its output; without
+    dependent launches, chained launches and rotated KV copies give the same output; CTAs with several works too."""
+    from mlalab.backends.triton import build_plan
+    from mlalab.splitkv.triton_mla import triton_decode
+
+    x = make_inputs(DecodeCase(kv_lens=ragged_kv_lens(16, 2048, seed=5), seed=6)).to("cuda")
+    p = prepare(x, "a16w8")
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    out, _ = triton_decode(p, plan, config=KernelConfig(kernel="hopper"))
+    portable, _ = triton_decode(p, plan, config=KernelConfig(kernel="portable"))
+    exact, _ = naive_decode(p)
+    assert _rel(out, exact) <= 1.1 * _rel(portable, exact), (_rel(out, exact), _rel(portable, exact))
+    assert _rel(out, portable) <= 5e-3
+    outs = [TritonDecoder(p, plan, config=KernelConfig(pdl=False))()[0].clone()]
+    chained = TritonDecoder(p, plan, config=KernelConfig(pdl_chain=True))
+    for _ in range(3):
+        chained()
+    outs.append(chained()[0].clone())
+    assert all(torch.equal(out, o) for o in outs), "a16w8 launch options"
+    _check_rotation(p, plan, KernelConfig())
+    for planner, slots in (("balanced", 3), ("simple", 8)):  # CTAs with 4+ works of several tiles each
+        few = build_plan(x, planner, slots)
+        assert int(few.work_indptr.diff().max()) >= 2
+        _check_against_reference(p, few, config=KernelConfig())
 
 
 @pytest.mark.gpu

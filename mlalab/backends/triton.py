@@ -98,7 +98,7 @@ def make_callable(
         raise RuntimeError(f"triton backend unavailable: {reason}")
     prep = prepare(inputs, precision, fp8_format)
     wide = 128 if knobs.get("hopper_block") == 128 else 64  # tokens per tile of the sm_90 kernel
-    variant = knobs.get("hopper_variant", "auto")  # (bf16 runs the sm_90 kernel only on "v-tile")
+    variant = knobs.get("hopper_variant", "auto")  # (bf16 and a16w8 run one sm_90 path each: v-tile, v-conv)
     if plan_block is not None:
         plan_knobs["block"] = plan_block
     elif (

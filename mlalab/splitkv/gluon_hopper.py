@@ -243,6 +243,20 @@ def _zero_tail_rows(kn, n_valid, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr):
 
 
 @gluon.jit
+def _convert_tile(src, dst, n_valid, MASK_TAIL: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr):
+    """``KV_CONVERT``: the fp8 codes of a (BLOCK_N, D) ring tile into the bf16 tile `dst` (exact), 64 columns at a time,
+    16 codes per thread per row; with `MASK_TAIL`, rows `n_valid` .. zeroed (a paged cache's unused slots may hold NaN,
+    and the PV reads V from this tile: 0 · NaN = NaN)."""
+    L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L))
+    for c in gl.static_range(D // 64):
+        x = src.slice(c * 64, 64, dim=1).load(L).to(dst.dtype)
+        if MASK_TAIL:
+            x = gl.where((rows < n_valid)[:, None], x, gl.zeros_like(x))
+        dst.slice(c * 64, 64, dim=1).store(x)
+
+
+@gluon.jit
 def _store_vt(v_t, vt, REPORT: gl.constexpr):
     """Vᵀ (value row m, token) into shared memory: 16-byte stores, 0 bank conflicts with the π row order."""
     if REPORT:
@@ -378,6 +392,7 @@ def _stage1_kernel(
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     V_IN_REGS: gl.constexpr,  # the PV's Vᵀ from registers (gluon_hopper_vreg) instead of a Vᵀ buffer
     V_FROM_K: gl.constexpr,  # 16-bit KV: the PV reads Vᵀ straight from the K tile (wgmma transposes 16-bit operands)
+    KV_CONVERT: gl.constexpr,  # fp8 KV, bf16 q (a16w8): each fp8 tile converted to one bf16 tile, then as V_FROM_K
     WAIT_PRIOR: gl.constexpr,  # launched as a programmatic dependent: wait for the prior kernel before any TMA
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     REPORT: gl.constexpr,  # print the V bank-conflict counts while compiling (sm90_build)
@@ -397,12 +412,15 @@ def _stage1_kernel(
         "the V layouts are written for 64-token tiles, and 128-token tiles on the v-regs path",
     )
     gl.static_assert(D_NOPE == 512, "the value-row orders are written for 512 value dims")
-    KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth
+    KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth  # the KV as stored and TMA'd (the ring's type)
+    MMA_BITS: gl.constexpr = qn_desc.dtype.primitive_bitwidth  # the wgmma operands' type: q's
     gl.static_assert(
-        (KV_BITS == 16) == V_FROM_K, "fp8 wgmma reads only K-major operands: 16-bit KV exactly when V_FROM_K"
+        (MMA_BITS == 16) == V_FROM_K, "fp8 wgmma reads only K-major operands: 16-bit operands exactly when V_FROM_K"
     )
+    gl.static_assert(KV_BITS == MMA_BITS or (KV_CONVERT and KV_BITS == 8 and V_FROM_K),
+                     "q and KV of one type, or fp8 KV converted for bf16 q (KV_CONVERT)")  # fmt: skip
     # (V_FROM_K refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
-    gl.static_assert(not V_FROM_K or NUM_STAGES >= 2, "the V_FROM_K ring needs 2 stages")
+    gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the V_FROM_K ring needs 2 stages")
     gl.static_assert(not (V_FROM_K and (V_IN_REGS or WARP_XCHG or MERGE_MAX > 0 or BLOCK_N != 64 or ABLATE > 0)),
                      "the V_FROM_K path: 64-token tiles, no warp exchange, merge or ablation")  # fmt: skip
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
@@ -442,18 +460,22 @@ def _stage1_kernel(
 
     # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the 4 or 8 warps along M, N = NQ (16 heads) per instruction
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, NQ, 256 // KV_BITS])  # fmt: skip
+                                                  instr_shape=[16, NQ, 256 // MMA_BITS])  # fmt: skip
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
     # a row of Pᵀ / Vᵀ: BLOCK_N tokens of the KV's type (64 B in fp8, 128 B in bf16)
-    T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * KV_BITS // 8, element_bitwidth=KV_BITS,
+    T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * MMA_BITS // 8, element_bitwidth=MMA_BITS,
                                                   rank=2)  # fmt: skip
-    kv_type: gl.constexpr = kn_desc.dtype  # the KV's element type: fp8, or bf16 with V_FROM_K
+    kv_type: gl.constexpr = qn_desc.dtype  # the products' element type: fp8, or bf16 with V_FROM_K
 
-    kn_smem = gl.allocate_shared_memory(kv_type, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
-    kr_smem = gl.allocate_shared_memory(kv_type, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
+    kn_smem = gl.allocate_shared_memory(kn_desc.dtype, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
+    kr_smem = gl.allocate_shared_memory(kr_desc.dtype, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
     qn_smem = gl.allocate_shared_memory(kv_type, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(kv_type, [2, NQ, D_ROPE], qr_desc.layout)
     p_smem = gl.allocate_shared_memory(kv_type, [2, NQ, BLOCK_N], T_LAYOUT)
+    if KV_CONVERT:  # the one bf16 tile that QK and PV read (the ring holds the fp8 codes as TMA brought them)
+        KB_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        kb_smem = gl.allocate_shared_memory(kv_type, [1, BLOCK_N, D_NOPE], KB_LAYOUT)
+        krb_smem = gl.allocate_shared_memory(kv_type, [1, BLOCK_N, D_ROPE], KB_LAYOUT)
     if not V_IN_REGS and not V_FROM_K:
         vt_smem = gl.allocate_shared_memory(kv_type, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     if WARP_XCHG:
@@ -515,7 +537,7 @@ def _stage1_kernel(
         o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC))
         for start in range(kv_start, kv_end, BLOCK_N):
             row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
-            if V_FROM_K:
+            if V_FROM_K and not KV_CONVERT:
                 # the row of this tile's refill (tile it-1+NUM_STAGES, one tile late), loaded here so the wait hides it.
                 # (A first version carried it in a variable from the previous tile; in the IR Triton 3.6 made of it the
                 # loop over works did not carry that variable, so each work restarted from its initial value: a CTA's
@@ -532,6 +554,22 @@ def _stage1_kernel(
                     _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, row3, row4, n_tiles,
                                     NUM_STAGES, FIRST_BURST)  # fmt: skip
             kn = kn_smem.index(s)
+            if KV_CONVERT:
+                # PV(it-1) read the bf16 tile: complete in this warp, then (barrier) in every warp, before it is
+                # overwritten with this tile's codes as bf16 (exact: every e4m3 value is a bf16 value)
+                o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
+                _cta_barrier()
+                # (the one buffer indexed by a value the compiler cannot fold, 0: with a constant address ptxas
+                # computes the 68 wgmma descriptors of the tile once, before the loop, and spills them)
+                zero = (it < 0).to(gl.int32)
+                kb = kb_smem.index(zero)
+                krb = krb_smem.index(zero)
+                _convert_tile(kn, kb, kv_end - start, MASK_TAIL, BLOCK_N, D_NOPE)
+                _convert_tile(kr_smem.index(s), krb, BLOCK_N, False, BLOCK_N, D_ROPE)  # (rope: masked scores: no zeros)
+                fence_async_shared()  # generic-proxy writes before the wgmma's async reads
+                _cta_barrier()  # every warp's part converted, and every warp done reading stage s: refill it now
+                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+                kn = kb
             if V_IN_REGS:
                 # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and
                 # its P buffer are free. (Waiting for it only after issuing QK, with a partial wait_group, makes
@@ -543,10 +581,15 @@ def _stage1_kernel(
             else:
                 s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
                                       is_async=True)  # fmt: skip
-                s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
+                if KV_CONVERT:
+                    s_tok = warpgroup_mma(krb, q_rope_t, s_tok, is_async=True)
+                else:
+                    s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
             # ... while the CUDA cores load this tile's V: into the PV's A-operand registers, or transposed into Vᵀ
             if V_IN_REGS:
                 v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT, BLOCK_N)
+                s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
+            elif KV_CONVERT:  # (PV(it-1) completed before the conversion)
                 s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
             elif V_FROM_K:  # QK(it) and this warp's part of PV(it-1) complete
                 s_acc, o_cur = warpgroup_mma_wait(0, deps=(s_tok, o_acc))
@@ -587,13 +630,13 @@ def _stage1_kernel(
                 p_smem.index(pb).store(p.to(kv_type).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
             _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
-            if V_FROM_K:  # noqa: SIM102
+            if V_FROM_K and not KV_CONVERT:  # noqa: SIM102
                 # every warp has waited for PV(it-1), which read V from tile it-1's stage: refill that stage now
                 if REFILL_AFTER_PV:  # noqa: SIM102
                     if it > 0:
                         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_rf, it - 1 + NUM_STAGES, n_tiles,
                                        NUM_STAGES)  # fmt: skip
-            elif not REFILL_AFTER_PV:
+            elif not REFILL_AFTER_PV and not KV_CONVERT:
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
 
             o_cur = o_cur * alpha[None, :]
@@ -663,16 +706,22 @@ stage1_kernel = _stage1_kernel
 
 def make_descriptors(q2d, kv, nq: int, block_n: int = BLOCK_N) -> tuple:
     """TMA descriptors ``(qn, qr, kn, kr)`` of q viewed as ``(total_q·16, 576)`` and the KV rows ``(rows, 576)``
-    (both fp8, or both bf16; contiguous): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `block_n` tokens (64,
-    or 128 for the two-warpgroup tile)."""
+    (both fp8, both bf16, or bf16 q with fp8 KV for ``KV_CONVERT``; contiguous): 512 nope + 64 rope dims, blocks of
+    ``nq`` q rows and `block_n` tokens (64, or 128 for the two-warpgroup tile)."""
     rows, d = int(kv.shape[0]), int(kv.shape[1])
     nope, rope = 512, d - 512
-    bits = kv.element_size() * 8  # fp8, or bf16 (the V_FROM_K path)
-    L128 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=bits, rank=2)
-    L64 = gl.NVMMASharedLayout(swizzle_byte_width=min(128, rope * bits // 8), element_bitwidth=bits, rank=2)
+
+    def layouts(bits: int) -> tuple:  # (nope, rope) shared layouts of a `bits`-bit element type
+        return (
+            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=bits, rank=2),
+            gl.NVMMASharedLayout(swizzle_byte_width=min(128, rope * bits // 8), element_bitwidth=bits, rank=2),
+        )
+
+    qn_l, qr_l = layouts(q2d.element_size() * 8)
+    kn_l, kr_l = layouts(kv.element_size() * 8)
     qrows = int(q2d.shape[0])
-    qn = TensorDescriptor(q2d, [qrows, nope], [d, 1], [nq, nope], L128)
-    qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d, 1], [nq, rope], L64)
-    kn = TensorDescriptor(kv, [rows, nope], [d, 1], [block_n, nope], L128)
-    kr = TensorDescriptor(kv[:, nope:], [rows, rope], [d, 1], [block_n, rope], L64)
+    qn = TensorDescriptor(q2d, [qrows, nope], [d, 1], [nq, nope], qn_l)
+    qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d, 1], [nq, rope], qr_l)
+    kn = TensorDescriptor(kv, [rows, nope], [d, 1], [block_n, nope], kn_l)
+    kr = TensorDescriptor(kv[:, nope:], [rows, rope], [d, 1], [block_n, rope], kr_l)
     return qn, qr, kn, kr

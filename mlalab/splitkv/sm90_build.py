@@ -94,7 +94,8 @@ def compile_hopper(
     first_burst: int = 0,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs`` on fp8 inputs,
-    ``v-tile`` on bf16: the PV reads Vᵀ from the K tile, 64-token tiles, none of the options below) for sm_90 with
+    ``v-tile`` on bf16: the PV reads Vᵀ from the K tile, 64-token tiles, none of the options below; ``v-conv`` on bf16 q
+    and fp8 KV: each fp8 tile converted to one bf16 tile, then as v-tile) for sm_90 with
     `stages` ring buffers (``timeline``: with its per-CTA time stamps; ``ablate``: the kernel's ``ABLATE``, 0 = the
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
     ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two; ``block``: its ``BLOCK_N``, 64 (one warpgroup)
@@ -106,8 +107,8 @@ def compile_hopper(
 
     from . import gluon_hopper as G
 
-    if variant not in ("vt-smem", "v-regs", "v-tile"):
-        raise ValueError(f"variant must be 'vt-smem', 'v-regs' or 'v-tile', got {variant!r}")
+    if variant not in ("vt-smem", "v-regs", "v-tile", "v-conv"):
+        raise ValueError(f"variant must be 'vt-smem', 'v-regs', 'v-tile' or 'v-conv', got {variant!r}")
     if ablate not in (0, 1, 2) or isinstance(ablate, bool):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV), got {ablate!r}")
     for name, flag in (("refill_after_pv", refill_after_pv), ("q_first", q_first), ("warp_exchange", warp_exchange)):
@@ -144,10 +145,16 @@ def compile_hopper(
     if variant == "v-tile" and (block != 64 or warpgroups != 1 or warp_exchange or merge_max or ablate or stages != 2):
         raise ValueError("the v-tile path (bf16) runs 64-token tiles, one warpgroup, 2 stages, none of warp_exchange, "
                          "merge_max, ablate")  # fmt: skip
+    if variant == "v-conv" and (block != 64 or warpgroups != 1 or warp_exchange or merge_max or ablate
+                                or not refill_after_pv):  # fmt: skip
+        raise ValueError("the v-conv path (a16w8) runs 64-token tiles, one warpgroup, none of warp_exchange, "
+                         "merge_max, ablate, and refills a stage once its tile is converted "
+                         "(refill_after_pv=True)")  # fmt: skip
 
     driver.set_active(_Sm90Driver())
     kv_dtype = torch.bfloat16 if variant == "v-tile" else torch.float8_e4m3fn
-    q = torch.zeros(4 * 16, 576, dtype=kv_dtype)
+    q_dtype = torch.bfloat16 if variant in ("v-tile", "v-conv") else torch.float8_e4m3fn
+    q = torch.zeros(4 * 16, 576, dtype=q_dtype)
     kv = torch.zeros(4096, 576, dtype=kv_dtype)
     i32 = lambda n: torch.zeros(n, dtype=torch.int32)
     out, lse = torch.zeros(4, 16, 512, dtype=torch.bfloat16), torch.zeros(4, 16)
@@ -173,7 +180,8 @@ def compile_hopper(
                     *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one,
                     one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16,
                     NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
-                    LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", V_FROM_K=variant == "v-tile",
+                    LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", V_FROM_K=variant in ("v-tile", "v-conv"),
+                    KV_CONVERT=variant == "v-conv",
                     WAIT_PRIOR=False, TIMELINE=timeline,
                     ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, FIRST_BURST=first_burst or stages,
                     WARP_XCHG=warp_exchange, INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True,
@@ -210,7 +218,7 @@ def main() -> None:
     """Print the build report of each ring depth (run on any machine with Triton; no GPU needed)."""
     from .triton_mla import HOPPER_MAX_STAGES
 
-    for variant in ("vt-smem", "v-regs", "v-tile"):
+    for variant in ("vt-smem", "v-regs", "v-tile", "v-conv"):
         for stages in range(1 if variant != "v-tile" else 2, HOPPER_MAX_STAGES[variant] + 1):
             r = compile_hopper(stages, variant=variant)
             top = sorted(r.sass.items(), key=lambda kv: -kv[1])[:12]

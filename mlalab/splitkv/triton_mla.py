@@ -266,13 +266,13 @@ def hopper_unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None,
     for, then what this machine lacks. `work_info`: the plan's works (`token_work_info`); None = before any plan
     exists, judging q rows per request from ``qo_indptr`` (the planners never split a request's q rows).
     The one place that decides: `TritonDecoder` (kernel="auto") and the backend's plan default both ask it.
-    `variant`: `KernelConfig.hopper_variant`; bf16 runs the sm_90 kernel on ``"v-tile"`` (which ``"auto"`` means for it)."""
-    if prepared.precision is Precision.A16W8:
-        return "a8w8 or bf16 only (both products on fp8 or on bf16 wgmma), not a16w8"
-    if prepared.precision is Precision.BF16 and variant not in ("auto", "v-tile"):
-        return (f"bf16 runs the sm_90 kernel on its v-tile path only (hopper_variant 'auto' or 'v-tile', not "
-                f"{variant!r})")  # fmt: skip
-    if prepared.precision is Precision.A8W8 and prepared.kv.dtype != torch.float8_e4m3fn:
+    `variant`: `KernelConfig.hopper_variant`; bf16 runs the sm_90 kernel on ``"v-tile"``, a16w8 on ``"v-conv"``
+    (`PRECISION_VARIANT`: what ``"auto"`` means for them)."""
+    own = PRECISION_VARIANT.get(prepared.precision)  # bf16 and a16w8: one path each
+    if own is not None and variant not in ("auto", own):
+        return (f"{prepared.precision.value} runs the sm_90 kernel on its {own} path only (hopper_variant 'auto' or "
+                f"{own!r}, not {variant!r})")  # fmt: skip
+    if prepared.precision is not Precision.BF16 and prepared.kv.dtype != torch.float8_e4m3fn:
         return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
     if pv_exact or out_dtype != torch.bfloat16:
         return "production numerics only (bf16 output, fp8 products): exact mode runs on the portable kernel"
@@ -321,13 +321,18 @@ def hopper_tiles(prepared: PreparedInputs, work_indptr: torch.Tensor, work_info:
     return tile_indptr.to(torch.int32), rows.to(torch.int32)
 
 
-#: The two paths of the sm_90 stage 1 `gluon_hopper.stage1_kernel` (`KernelConfig.hopper_variant`): ``vt-smem``
+#: The paths of the sm_90 stage 1 `gluon_hopper.stage1_kernel` (`KernelConfig.hopper_variant`): ``vt-smem``
 #: (Vᵀ transposed through shared memory, QK and PV pipelined across tiles), ``v-regs`` (``V_IN_REGS``, helpers in
 #: `gluon_hopper_vreg`: V straight from the K tile into the PV's register operand; no Vᵀ buffer, but PV(i-1) is
 #: waited for before QK(i)); ``v-tile`` (``V_FROM_K``, bf16 only: the PV reads Vᵀ straight from the K tile in shared
-#: memory, which wgmma can read transposed for 16-bit types only; the stage is refilled once that PV has completed).
-#: fp8 runs vt-smem or v-regs; bf16 runs v-tile (its ``"auto"``, `resolve_config`).
-HOPPER_VARIANTS = ("vt-smem", "v-regs", "v-tile")
+#: memory, which wgmma can read transposed for 16-bit types only; the stage is refilled once that PV has completed);
+#: ``v-conv`` (``KV_CONVERT``, a16w8 only: each fp8 ring tile is converted by the CUDA cores into one bf16 tile, exact,
+#: which QK (bf16 q) and PV then read as on v-tile; the ring stage is refilled right after the conversion).
+#: a8w8 runs vt-smem or v-regs; bf16 runs v-tile, a16w8 v-conv (their ``"auto"``, `resolve_config`).
+HOPPER_VARIANTS = ("vt-smem", "v-regs", "v-tile", "v-conv")
+
+#: The sm_90 path of each precision that has only one (what ``hopper_variant="auto"`` means for it); a8w8 has two.
+PRECISION_VARIANT = {Precision.BF16: "v-tile", Precision.A16W8: "v-conv"}
 
 #: `KernelConfig.hopper_ablate` -> the kernel's ``ABLATE``: which compute the sm_90 stage 1 skips (timing only).
 HOPPER_ABLATIONS = {"none": 0, "qk": 1, "qk+pv": 2}
@@ -366,7 +371,8 @@ def first_burst(config: KernelConfig, most_tiles: int, stages: int) -> int:
 
 def resolve_config(config: KernelConfig, precision: Precision) -> KernelConfig:
     """`config` with the knobs that the path decides resolved for `precision`: ``hopper_variant="auto"`` is
-    ``"v-tile"`` for bf16 (the only sm_90 bf16 path; fp8's "auto" is decided per plan, `HOPPER_LONG_STREAM`), and
+    ``"v-tile"`` for bf16 and ``"v-conv"`` for a16w8 (their only sm_90 paths, `PRECISION_VARIANT`; a8w8's "auto" is
+    decided per plan, `HOPPER_LONG_STREAM`), and
     ``hopper_refill_after_pv=None`` is True (after the PV) on the fp8 paths, False (early) on v-tile
     (`HOPPER_EARLY_REFILL`)."""
     if not isinstance(config, KernelConfig):
@@ -376,8 +382,9 @@ def resolve_config(config: KernelConfig, precision: Precision) -> KernelConfig:
         raise TypeError(f"KernelConfig switches must be True or False, got hopper_refill_after_pv={refill!r} (or None: "
                         "the path's default)")  # fmt: skip
     variant = config.hopper_variant
-    if Precision(precision) is Precision.BF16 and variant == "auto" and config.kernel != "portable":
-        variant = "v-tile"
+    own = PRECISION_VARIANT.get(Precision(precision))
+    if own is not None and variant == "auto" and config.kernel != "portable":
+        variant = own
     if refill is None:
         refill = variant not in HOPPER_EARLY_REFILL
     return dataclasses.replace(config, hopper_variant=variant, hopper_refill_after_pv=refill)
@@ -406,12 +413,12 @@ def hopper_ring(config: KernelConfig) -> int:
 #: The deepest TMA ring of each sm_90 path (`KernelConfig.hopper_stages`): a stage holds a 64-token tile (36 KB in
 #: fp8); vt-smem also keeps two 32 KB Vᵀ buffers, so 3 stages fill its 227 KB of shared memory; v-regs fits 5; a bf16
 #: tile (v-tile) is 72 KB: 2 (196 KB with q and P).
-HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5, "v-tile": 2}
+HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5, "v-tile": 2, "v-conv": 2}
 
 #: The ring depth each path runs when `KernelConfig.hopper_stages` is None (`hopper_ring`): 3 tiles of 64 fp8 tokens
 #: (session 7's A/B: 4 and 5 were slower; also the two-warpgroup kernel's), 2 bf16 tiles (all that fits); 128-token
 #: tiles: `HOPPER_MAX_STAGES_128`.
-HOPPER_DEFAULT_STAGES = {"vt-smem": 3, "v-regs": 3, "v-tile": 2}
+HOPPER_DEFAULT_STAGES = {"vt-smem": 3, "v-regs": 3, "v-tile": 2, "v-conv": 2}
 
 #: Tokens per tile of the sm_90 stage 1 (`KernelConfig.hopper_block`): 64 = one warpgroup (4 warps) per CTA; 128 =
 #: two warpgroups (8 warps) on one 128-token tile, each computing the scores of 64 tokens and half of the 512 value rows,
@@ -533,15 +540,16 @@ class TritonDecoder:
         if config.d_chunk and (config.transposed or config.qk_tokens_m):
             raise ValueError("d_chunk is a heads-major path: it cannot be combined with transposed or qk_tokens_m")
         if config.hopper_variant not in ("auto", *HOPPER_VARIANTS):
-            raise ValueError(f"hopper_variant must be 'auto', 'vt-smem', 'v-regs' or 'v-tile', "
+            raise ValueError(f"hopper_variant must be 'auto', 'vt-smem', 'v-regs', 'v-tile' or 'v-conv', "
                              f"got {config.hopper_variant!r}")  # fmt: skip
-        #: the knobs as this decoder runs them (`resolve_config`: bf16's "auto" is v-tile, the refill point chosen)
+        #: the knobs as this decoder runs them (`resolve_config`: bf16's "auto" is v-tile, a16w8's v-conv, the refill
+        #: point chosen)
         config = resolve_config(config, prepared.precision)
         most = max(HOPPER_MAX_STAGES.values())
         if config.hopper_stages is not None and (type(config.hopper_stages) is not int or
                                                  not 1 <= config.hopper_stages <= most):  # fmt: skip
             raise ValueError(f"hopper_stages must be 1 to {most} (227 KB of shared memory; vt-smem holds 3 tiles, "
-                             f"v-regs 5, v-tile 2) or None (the path's default ring), "
+                             f"v-regs 5, v-tile and v-conv 2) or None (the path's default ring), "
                              f"got {config.hopper_stages!r}")  # fmt: skip
         #: the sm_90 stage 1's ring depth (`hopper_ring`: `KernelConfig.hopper_stages` or the path's default)
         self.stages = stages = hopper_ring(config)
@@ -597,6 +605,18 @@ class TritonDecoder:
             raise ValueError("hopper_variant='v-tile' (bf16) runs 64-token tiles on one warpgroup with a ring of exactly "
                              f"{HOPPER_MAX_STAGES['v-tile']} tiles (it refills a stage one tile late), without "
                              "hopper_merge_splits, hopper_warp_exchange or hopper_ablate")  # fmt: skip
+        if config.hopper_variant == "v-conv" and prepared.precision is not Precision.A16W8:
+            raise ValueError("hopper_variant='v-conv' converts fp8 KV codes for bf16 q: a16w8 precision, not "
+                             f"{prepared.precision.value}")  # fmt: skip
+        if config.hopper_variant == "v-conv" and config.kernel != "portable" and (
+            stages > HOPPER_MAX_STAGES["v-conv"] or config.hopper_block != 64 or config.hopper_warpgroups != 1
+            or config.hopper_merge_splits or config.hopper_warp_exchange or config.hopper_ablate != "none"
+            or not config.hopper_refill_after_pv
+        ):  # fmt: skip
+            raise ValueError("hopper_variant='v-conv' (a16w8) runs 64-token tiles on one warpgroup with a ring of at "
+                             f"most {HOPPER_MAX_STAGES['v-conv']} fp8 tiles (beside its bf16 tile), refilled once each "
+                             "is converted (hopper_refill_after_pv None or True), without hopper_merge_splits, "
+                             "hopper_warp_exchange or hopper_ablate")  # fmt: skip
         if config.hopper_first_burst and config.hopper_warpgroups == 2:
             raise ValueError("hopper_first_burst is a knob of the one-warpgroup kernel (hopper_warpgroups=1)")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
@@ -702,7 +722,7 @@ class TritonDecoder:
             self.G2 = gluon_hopper_2wg
             return dict(kw, RING=self.stages, WORKER_REGS=HOPPER_2WG_WORKER_REGS, num_warps=4)
         return dict(kw, NUM_STAGES=self.stages, V_IN_REGS=self.hopper_variant == "v-regs",
-                    V_FROM_K=self.hopper_variant == "v-tile",
+                    V_FROM_K=self.hopper_variant in ("v-tile", "v-conv"), KV_CONVERT=self.hopper_variant == "v-conv",
                     ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                     Q_FIRST=c.hopper_q_first, FIRST_BURST=self.first_burst,
                     WARP_XCHG=c.hopper_warp_exchange, MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
