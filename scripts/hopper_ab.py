@@ -68,12 +68,15 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v2b1": (1, dict(hopper_variant="v-regs", hopper_first_burst=1)),
     "v2b2": (1, dict(hopper_variant="v-regs", hopper_first_burst=2)),
     "v2s4b2": (1, dict(hopper_variant="v-regs", hopper_stages=4, hopper_first_burst=2)),
-    # bf16 (--precision bf16): the portable kernel (bf16's default) and the sm_90 v-tile path (Vᵀ read from the K tile)
+    # bf16 / a16w8 (--precision): the portable kernel, and the sm_90 v-tile path (bf16; Vᵀ read from the K tile) and
+    # v-conv path (a16w8: fp8 tiles converted to bf16), each its precision's default ("auto")
     "portable": (1, dict(kernel="portable")),
     "v-tile": (1, dict(hopper_variant="v-tile")),
     "v-tile-b1": (1, dict(hopper_variant="v-tile", hopper_first_burst=1)),
     # v-tile with the previous tile's stage refilled right after this tile's wait (one more barrier), not after softmax
     "v-tile-early": (1, dict(hopper_variant="v-tile", hopper_refill_after_pv=False)),
+    "v-conv": (1, dict(hopper_variant="v-conv")),
+    "v-conv-1": (1, dict(hopper_variant="v-conv", hopper_stages=1)),
 }
 
 
@@ -134,8 +137,9 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--peers", default="flashmla")
     ap.add_argument("--shapes", default=None, help="e.g. 4x1024,128x8192 (default: the 12 competition shapes)")
-    ap.add_argument("--precision", default="a8w8", choices=("a8w8", "bf16"),
-                    help="a8w8 (FlashMLA fp8 beside) or bf16 (FlashMLA bf16 beside)")  # fmt: skip
+    ap.add_argument("--precision", default="a8w8", choices=("a8w8", "a16w8", "bf16"),
+                    help="a8w8 (FlashMLA fp8 beside), bf16 (FlashMLA bf16 beside) or a16w8 (no FlashMLA path: name "
+                         "--peers flashinfer)")  # fmt: skip
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--refs-before", action="store_true",
                     help="compute the fp32 references of the shape right before each timing (what the bench did up to "
@@ -157,8 +161,9 @@ def main() -> None:
     peers = [p for p in a.peers.split(",") if p]
     for B, L in shapes:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
-        esize = 1 if a.precision == "a8w8" else 2  # bytes per KV / q element
-        kv_bytes = B * L * MLA.qk_dim * esize
+        kv_es = 2 if a.precision == "bf16" else 1  # bytes per KV element (fp8 codes unless bf16)
+        q_es = 1 if a.precision == "a8w8" else 2  # bytes per q element
+        kv_bytes = B * L * MLA.qk_dim * kv_es
         n = rotation_copies(kv_bytes)
         line = {"B": B, "L": L}
         for peer in peers:
@@ -183,7 +188,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001
                 print(f"{name} failed at {B}x{L}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 line[name] = float("nan")
-        floor = (kv_bytes + B * 16 * (576 * esize + 1024)) / (bw * 1e12) * 1e6
+        floor = (kv_bytes + B * 16 * (576 * q_es + 1024)) / (bw * 1e12) * 1e6
         line["floor"] = floor
         rows.append(line)
         print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in line.items()), flush=True)
@@ -195,8 +200,8 @@ def main() -> None:
         print(f"{r['B']:>4}x{r['L']:<5} " + " ".join(f"{r[c]:9.2f}" for c in cols) + f" {r['floor']:9.2f}")
     geo = {c: math.exp(sum(math.log(r[c]) for r in rows) / len(rows)) for c in cols}
     print("geomean    " + " ".join(f"{geo[c]:9.2f}" for c in cols))
-    if "flashmla" in geo:
-        print("vs flashmla" + " ".join(f"{geo[c] / geo['flashmla']:9.3f}" for c in cols))
+    for peer in peers:
+        print(f"vs {peer:<8}" + " ".join(f"{geo[c] / geo[peer]:9.3f}" for c in cols))
     print("checks: " + ", ".join(f"{n}={'PASS' if good[n] else 'FAIL'}" for n in names))
     if a.out and rows:
         prov = provenance()  # device, versions, date in every row
