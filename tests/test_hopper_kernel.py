@@ -774,6 +774,32 @@ def test_gpu_bf16_error_like_the_portable_kernel_and_launch_options_agree() -> N
         _check_against_reference(p, few, config=KernelConfig(**vt))
 
 
+def test_e4m3_to_bf16_bit_formula_is_exact_for_every_code() -> None:
+    """The v-conv conversion (`gluon_hopper._E4M3_TO_BF16`): its masks, shifts and 2^120 factor, applied to every e4m3fn
+    code as the PTX applies them to each 16-bit lane, give the code's value exactly (NaN codes: ±480, never used).
+    The GPU tests run the instructions themselves, subnormal codes included."""
+    import re
+
+    from mlalab.splitkv.gluon_hopper import _E4M3_TO_BF16
+
+    asm = _E4M3_TO_BF16.value
+    assert "prmt.b32 a, $2, 0, 0x4140;" in asm and "prmt.b32 b, $2, 0, 0x4342;" in asm  # bytes 0,1 / 2,3 to lanes
+    sign = int(re.search(r"and\.b32 k, a, (0x[0-9A-F]+);", asm).group(1), 16)
+    mag = int(re.search(r"and\.b32 a, a, (0x[0-9A-F]+);", asm).group(1), 16)
+    mag_shift = int(re.search(r"shl\.b32 a, a, (\d+);", asm).group(1))
+    sign_shift = int(re.search(r"shl\.b32 k, k, (\d+);", asm).group(1))
+    factor = int(re.search(r"mov\.b32 k, (0x[0-9A-F]+);", asm).group(1), 16)
+    codes = torch.arange(256, dtype=torch.int32)
+    lane = ((codes & (mag & 0xFFFF)) << mag_shift) | ((codes & (sign & 0xFFFF)) << sign_shift)
+    scaled = lane.to(torch.int16).view(torch.bfloat16) * torch.tensor(factor & 0xFFFF, dtype=torch.int16).view(
+        torch.bfloat16
+    )  # (torch's bf16 multiply on the CPU keeps subnormal inputs, as sm_90's HMUL2.BF16 does)
+    want = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    nan = torch.isnan(want)
+    assert int(nan.sum()) == 2 and torch.equal(scaled.float()[~nan], want[~nan])
+    assert (codes[~nan] & 0x78 == 0).sum() == 16  # the subnormal codes (and ±0) are among those checked
+
+
 #: a16w8's sm_90 path (v-conv: fp8 ring tiles converted to one bf16 tile): its default 2-tile ring, 1 tile, and the
 #: 2-tile ring's deferred fill
 _A16W8_CONFIGS = {
@@ -813,6 +839,24 @@ def test_gpu_a16w8_every_planner_ragged_long_empty_and_paged_with_nan(planner: s
     assert torch.isnan(p.kv.float()).any()
     knobs = {"block": 1} if planner == "simple" else {}
     _check_against_reference(p, build_plan(x, planner, 132, **knobs), clean, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("precision", ["a16w8", "a8w8"])
+def test_gpu_subnormal_fp8_codes_decode_exactly(precision: str) -> None:
+    """Values (every V) 1e5 times smaller than one rope outlier quantise to e4m3's subnormal codes (|code| < 2^-6) and
+    zeros: the output, a mean of those codes, must still match the reference on the same codes (flushing them to
+    zero, or decoding them as normals, would miss it by ~100 %)."""
+    x = make_inputs(DecodeCase(kv_lens=(300, 700, 64), seed=21)).to("cuda")
+    x.kv_buffer.mul_(1e-5)
+    x.kv_buffer.view(-1, 576)[0, 520] = 1.0  # sets the per-tensor scale: amax / 448
+    p = prepare(x, precision)
+    codes = p.kv.view(torch.uint8)[:, :512] & 0x7F
+    assert (codes < 8).float().mean() > 0.9 and ((codes > 0) & (codes < 8)).any()  # subnormal V codes
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    err, _ = _check_against_reference(p, plan)
+    assert err <= 5e-3
 
 
 @pytest.mark.gpu

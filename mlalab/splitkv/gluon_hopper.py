@@ -242,15 +242,44 @@ def _zero_tail_rows(kn, n_valid, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr):
         chunk.store(gl.where((rows < n_valid)[:, None], x, gl.zeros_like(x)))
 
 
+#: e4m3fn codes -> bf16, 4 per instruction group, exact: a code's 7 magnitude bits shifted into a bf16's exponent and
+#: mantissa fields (and its sign into the sign bit) make the bf16 whose value is the code's times 2^-120 — normal and
+#: subnormal codes alike, since both formats lay the exponent above the mantissa — and one bf16x2 multiply by 2^120
+#: (0x7B80) scales it back without rounding. Integer and bf16x2 ops at full rate, where the compiler's per-code
+#: conversion (F2F, then F2FP) paced the a16w8 decode at ~3.7 µs per tile
+#: (data/profiles/h200_2026-12-03_ab_a16w8_v_conv.csv).
+#: The NaN codes (0x7F, 0xFF) become ±480: a paged tail's unused slots are zeroed after the conversion, and the
+#: quantiser never writes NaN. (Checked for all 256 codes against torch's e4m3fn in tests/test_hopper_kernel.py.)
+_E4M3_TO_BF16 = gl.constexpr("""{
+.reg .b32 a, b, k;
+prmt.b32 a, $2, 0, 0x4140;
+prmt.b32 b, $2, 0, 0x4342;
+and.b32 k, a, 0x00800080;
+and.b32 a, a, 0x007F007F;
+shl.b32 a, a, 4;
+shl.b32 k, k, 8;
+or.b32 a, a, k;
+and.b32 k, b, 0x00800080;
+and.b32 b, b, 0x007F007F;
+shl.b32 b, b, 4;
+shl.b32 k, k, 8;
+or.b32 b, b, k;
+mov.b32 k, 0x7B807B80;
+mul.rn.bf16x2 $0, a, k;
+mul.rn.bf16x2 $1, b, k;
+}""")
+
+
 @gluon.jit
 def _convert_tile(src, dst, n_valid, MASK_TAIL: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr):
-    """``KV_CONVERT``: the fp8 codes of a (BLOCK_N, D) ring tile into the bf16 tile `dst` (exact), 64 columns at a time,
-    16 codes per thread per row; with `MASK_TAIL`, rows `n_valid` .. zeroed (a paged cache's unused slots may hold NaN,
-    and the PV reads V from this tile: 0 · NaN = NaN)."""
+    """``KV_CONVERT``: the fp8 codes of a (BLOCK_N, D) ring tile into the bf16 tile `dst` (exact, `_E4M3_TO_BF16`), 64
+    columns at a time, 16 codes per thread per row; with `MASK_TAIL`, rows `n_valid` .. zeroed (a paged cache's unused
+    slots may hold NaN, and the PV reads V from this tile: 0 · NaN = NaN)."""
     L: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L))
     for c in gl.static_range(D // 64):
-        x = src.slice(c * 64, 64, dim=1).load(L).to(dst.dtype)
+        codes = src.slice(c * 64, 64, dim=1).load(L).to(gl.uint8, bitcast=True)
+        x = gl.inline_asm_elementwise(_E4M3_TO_BF16, "=r,=r,r", [codes], dtype=gl.bfloat16, is_pure=True, pack=4)
         if MASK_TAIL:
             x = gl.where((rows < n_valid)[:, None], x, gl.zeros_like(x))
         dst.slice(c * 64, 64, dim=1).store(x)
