@@ -849,11 +849,14 @@ def test_gpu_subnormal_fp8_codes_decode_exactly(precision: str) -> None:
     zeros: the output, a mean of those codes, must still match the reference on the same codes (flushing them to
     zero, or decoding them as normals, would miss it by ~100 %)."""
     x = make_inputs(DecodeCase(kv_lens=(300, 700, 64), seed=21)).to("cuda")
-    x.kv_buffer.mul_(1e-5)
-    x.kv_buffer.view(-1, 576)[0, 520] = 1.0  # sets the per-tensor scale: amax / 448
+    kv = x.kv_buffer.view(-1, 576)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    u = torch.rand(kv.shape, device="cuda", generator=g) * (2**-6 - 2**-9) + 2**-9  # |code| in [2^-9, 2^-6]
+    kv.copy_((torch.where(torch.rand(kv.shape, device="cuda", generator=g) < 0.5, -u, u) / 448).to(kv.dtype))
+    kv[0, 520] = 1.0  # sets the per-tensor scale: amax / 448
     p = prepare(x, precision)
     codes = p.kv.view(torch.uint8)[:, :512] & 0x7F
-    assert (codes < 8).float().mean() > 0.9 and ((codes > 0) & (codes < 8)).any()  # subnormal V codes
+    assert ((codes > 0) & (codes < 8)).float().mean() > 0.5  # mostly subnormal V codes
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
     err, _ = _check_against_reference(p, plan)
     assert err <= 5e-3
