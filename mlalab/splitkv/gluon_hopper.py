@@ -56,10 +56,16 @@ each scores 64 tokens (the wgmma's M splits across them) and holds 256 of the 51
 but the larger ring delays the first tile and the last tile is longer: slower overall (0.731x vs 0.700x,
 data/profiles/h200_2026-12-03_ab_block128.csv), so off by default.
 
-Constraints (checked on the host, `hopper_unsupported`): a8w8, 16 heads × (512 + 64) dims, KV rows of a tile
-contiguous (page size 1 with the identity page table, or a page size that is a multiple of the tile, 64 or 128), one
-q row per work (q_len 1).
-The fp8 flavour is e4m3fn (what sm_90 wgmma takes).
+16-bit operands (``V_FROM_K``): bf16 q and KV on bf16 wgmma, the PV reading Vᵀ straight from the K tile, which wgmma
+transposes for 16-bit types (fp8 cannot, hence the paths above); a 2-tile ring of 72 KB stages, each refilled one tile
+late (the PV of tile i reads stage i). With ``KV_CONVERT`` (a16w8: bf16 q, fp8 KV) the ring holds fp8 tiles and each is
+converted into one bf16 tile (`_convert_tile`, exact: `_E4M3_TO_BF16`) that QK and PV read; its stage is refilled right
+after the conversion.
+
+Constraints (checked on the host, `hopper_unsupported`): a8w8 (vt-smem, v-regs), bf16 (v-tile) or a16w8 (v-conv), 16
+heads × (512 + 64) dims, KV rows of a tile contiguous (page size 1 with the identity page table, or a page size that is
+a multiple of the tile, 64 or 128), one q row per work (q_len 1).
+The fp8 flavour is e4m3fn (what sm_90 wgmma takes; v-conv's conversion is written for it).
 """
 
 from __future__ import annotations

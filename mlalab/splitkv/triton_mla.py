@@ -172,16 +172,16 @@ class KernelConfig:
     """Launch knobs of stage 1 (measured on the H200 by `mlalab.timing`).
 
     ``kernel``: ``"hopper"`` = the sm_90 Gluon kernel (`gluon_hopper`: wgmma, TMA ring of ``hopper_stages`` 64-token
-    tiles; a8w8 on two fp8 paths, bf16 on the v-tile path; see `hopper_unsupported`), ``"portable"`` = the Triton kernel
-    of `triton_decode`
-    (every precision, page layout and GPU, and Triton's CPU interpreter), ``"auto"`` = hopper where it applies,
+    tiles; a8w8 on two fp8 paths, bf16 on v-tile, a16w8 on v-conv; see `hopper_unsupported`), ``"portable"`` = the
+    Triton kernel of `triton_decode` (every precision, page layout and GPU, and Triton's CPU interpreter),
+    ``"auto"`` = hopper where it applies,
     else portable. ``pdl`` (hopper): launch the reduce as a programmatic dependent of stage 1, so its launch
     overlaps stage 1 and it starts the moment stage 1's writes are visible. ``pdl_chain`` (hopper, with ``pdl``):
     stage 1 too is a programmatic dependent of whatever precedes it in the stream; it reads its plan header and
     sets up shared memory, then waits for that kernel to complete before it reads q or the KV or writes
     anything, so back-to-back calls overlap one call's launch and header with the previous call's tail. ``hopper_variant`` (hopper):
-    ``"vt-smem"``, ``"v-regs"`` (fp8), ``"v-tile"`` (bf16) or ``"auto"`` (fp8: by the plan, `HOPPER_LONG_STREAM`;
-    bf16: v-tile; `HOPPER_VARIANTS`, `resolve_config`). ``hopper_ablate``
+    ``"vt-smem"``, ``"v-regs"`` (a8w8), ``"v-tile"`` (bf16), ``"v-conv"`` (a16w8) or ``"auto"`` (a8w8: by the plan,
+    `HOPPER_LONG_STREAM`; bf16: v-tile; a16w8: v-conv; `HOPPER_VARIANTS`, `resolve_config`). ``hopper_ablate``
     (hopper, timing experiments only: the outputs are WRONG): ``"none"``, ``"qk"`` (the score wgmma is skipped, scores
     are 0) or ``"qk+pv"`` (the value wgmma and its V operand too): what the decode would take if that compute were
     free, every byte still loaded and stored (`HOPPER_ABLATIONS`, ``scripts/profile_hopper.py --ablations``).
