@@ -8,7 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mlalab.plots.experiments import experiment_figure, experiment_geomeans, list_experiments, load_experiment
+from mlalab.plots.experiments import (
+    experiment_figure,
+    experiment_geomeans,
+    list_experiments,
+    load_experiment,
+    peer_name,
+    reference_column,
+)
 from mlalab.timing import PROVENANCE_COLUMNS
 
 
@@ -19,16 +26,25 @@ def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> Non
         df = load_experiment(name)
         raw = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / name)
         g = experiment_geomeans(df).set_index("variant")
-        for col in [c for c in raw.columns if c not in ("B", "L", "floor", *PROVENANCE_COLUMNS)]:
+        # the reference: FlashMLA, else FlashInfer, else our portable kernel (a16w8 files without a peer)
+        ref = next(c for c in ("flashmla", "flashinfer", "portable") if c in raw.columns)
+        assert reference_column(df) == ref
+        for col in [c for c in raw.columns if c not in ("B", "L", "floor", "precision", *PROVENANCE_COLUMNS)]:
             ok = raw[col].notna()
-            want = np.exp(np.log(raw.loc[ok, col]).mean()) / np.exp(np.log(raw.loc[ok, "flashmla"]).mean())
-            assert g.loc[col, "vs_flashmla"] == pytest.approx(want, rel=1e-12), (name, col)
-        assert g.loc["flashmla", "vs_flashmla"] == pytest.approx(1.0)
+            want = np.exp(np.log(raw.loc[ok, col]).mean()) / np.exp(np.log(raw.loc[ok, ref]).mean())
+            assert g.loc[col, "vs_reference"] == pytest.approx(want, rel=1e-12), (name, col)
+        assert g.loc[ref, "vs_reference"] == pytest.approx(1.0)
         fig = experiment_figure(df)
         bars = [t for t in fig.data if t.type == "bar"]
-        assert len(bars) == len(g) - 2  # every variant; not FlashMLA itself, not the floor (a marker trace)
-        assert all(f"{g.loc[t.name.split(':')[0], 'vs_flashmla']:.3f}×" in t.name for t in bars)
-        assert name in fig.layout.title.text and fig.layout.shapes[0].y0 == 0.65
+        assert len(bars) == len(g) - 2  # every variant; not the reference itself, not the floor (a marker trace)
+        assert all(f"{g.loc[t.name.split(':')[0], 'vs_reference']:.3f}×" in t.name for t in bars)
+        assert name in fig.layout.title.text
+        a8w8_vs_flashmla = peer_name(df) == "FlashMLA fp8"
+        assert bool(fig.layout.shapes) == a8w8_vs_flashmla  # #5's goal: an a8w8 goal against FlashMLA fp8
+        assert not a8w8_vs_flashmla or fig.layout.shapes[0].y0 == 0.65
+    a16 = load_experiment("h200_2026-12-03_ab_a16w8_v_conv.csv")
+    assert peer_name(a16) == "FlashInfer a16w8"
+    assert peer_name(load_experiment("h200_2026-12-03_ab_a16w8_v_conv_fast.csv")) == "our portable kernel a16w8"
 
 
 def test_a_failed_variant_cell_is_left_out_and_said(tmp_path: Path) -> None:
@@ -74,7 +90,7 @@ def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
         load_experiment(3)  # type: ignore[arg-type]
     p = tmp_path / "bad_ab_1.csv"
     pd.DataFrame({"B": [4], "L": [1024], "v1": [5.0]}).to_csv(p, index=False)
-    with pytest.raises(ValueError, match="lacks columns \\['flashmla'\\]"):
+    with pytest.raises(ValueError, match="a reference: one of flashmla, flashinfer, portable"):
         load_experiment(str(p))
     pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "floor": [1.0]}).to_csv(p, index=False)
     with pytest.raises(ValueError, match="no variant column"):

@@ -1,10 +1,12 @@
 """Design experiments on the H200: kernel variants timed side by side with FlashMLA fp8 in one process.
 
-Each ``data/profiles/*_ab_*.csv`` is one run of ``scripts/hopper_ab.py``: per competition shape (``B``, ``L``)
-FlashMLA fp8's µs (``flashmla``), one column of µs per variant of our sm_90 stage 1 (names as in the script's
+Each ``data/profiles/*_ab_*.csv`` is one run of ``scripts/hopper_ab.py``: per competition shape (``B``, ``L``) a
+reference's µs — FlashMLA's (``flashmla``), else FlashInfer's (``flashinfer``), else our portable kernel's
+(``portable``; `reference_column`) —, one column of µs per variant of our sm_90 stage 1 (names as in the script's
 ``VARIANTS``; what each one changes is listed in data/README.md, section profiles/), and ``floor`` = the shape's
-bytes over the copy bandwidth measured in that run. A file may carry ``precision`` (``a8w8``, the default, or ``bf16``:
-then ``flashmla`` is FlashMLA bf16 and the 0.65x goal, an a8w8 goal, is not drawn; ``hopper_ab.py --precision``).
+bytes over the copy bandwidth measured in that run. A file may carry ``precision`` (``a8w8``, the default, ``bf16`` or
+``a16w8``: the peers then timed that precision, and the 0.65x goal, an a8w8 goal, is not drawn;
+``hopper_ab.py --precision``).
 A variant that failed at a shape has an empty cell. Because
 every column of a file comes from the same process, minutes apart, ratios *within* a file are what to compare;
 the same variant in two files can differ by the run-to-run spread (up to 10-15 % on the longest shapes).
@@ -27,18 +29,41 @@ from ..io import natural_key
 from ..timing import PROVENANCE_COLUMNS
 from .timeline import PROFILE_DIR, check_goal, finish_ratio_figure
 
-__all__ = ["list_experiments", "load_experiment", "experiment_geomeans", "experiment_figure", "peer_name"]
+__all__ = [
+    "list_experiments",
+    "load_experiment",
+    "experiment_geomeans",
+    "experiment_figure",
+    "peer_name",
+    "reference_column",
+]
 
-#: the columns every experiment file has besides its variants
-_FIXED = ("B", "L", "flashmla")
+#: the columns every experiment file has besides its variants and its reference
+_FIXED = ("B", "L")
+
+#: the reference columns an experiment file may have, the first one present being the file's reference
+_REFERENCES = ("flashmla", "flashinfer", "portable")
 
 #: the precisions an experiment file may name (column ``precision``; absent = a8w8, the files before session 11)
-_PRECISIONS = {"a8w8": "FlashMLA fp8", "bf16": "FlashMLA bf16"}
+_PRECISIONS = ("a8w8", "bf16", "a16w8")
+
+#: how each reference column is named, per precision
+_REFERENCE_NAMES = {"flashmla": "FlashMLA", "flashinfer": "FlashInfer", "portable": "our portable kernel"}
+_FLAVOURS = {"a8w8": "fp8", "bf16": "bf16", "a16w8": "a16w8"}
+
+
+def reference_column(df: pd.DataFrame) -> str:
+    """The column the file's ratios are taken against: ``flashmla``, else ``flashinfer``, else ``portable``."""
+    for c in _REFERENCES:
+        if c in df.columns:
+            return c
+    raise ValueError(f"an experiment table needs one of the reference columns {', '.join(_REFERENCES)}")
 
 
 def peer_name(df: pd.DataFrame) -> str:
-    """What the file's ``flashmla`` column timed: FlashMLA fp8 (a8w8 files) or FlashMLA bf16."""
-    return _PRECISIONS[_precision(df)]
+    """What the file's reference column timed, e.g. FlashMLA fp8 (a8w8 files), FlashMLA bf16, FlashInfer a16w8 or our
+    portable kernel a16w8."""
+    return f"{_REFERENCE_NAMES[reference_column(df)]} {_FLAVOURS[_precision(df)]}"
 
 
 def _precision(df: pd.DataFrame) -> str:
@@ -63,13 +88,14 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
         raise FileNotFoundError(f"no experiment {name!r}; recorded: {', '.join(list_experiments(directory)) or 'none'}")
     df = pd.read_csv(path)
     missing = [c for c in _FIXED if c not in df.columns]
-    if missing:
-        raise ValueError(f"{path} lacks columns {missing}: not a scripts/hopper_ab.py table")
+    if missing or not any(c in df.columns for c in _REFERENCES):
+        raise ValueError(f"{path} lacks columns {missing or list(_REFERENCES)} (shape, and a reference: one of "
+                         f"{', '.join(_REFERENCES)}): not a scripts/hopper_ab.py table")  # fmt: skip
     if not _variants(df):
         raise ValueError(f"{path} has no variant column besides {', '.join(_FIXED)} and floor")
     if "precision" in df.columns and (df["precision"].nunique() != 1 or df["precision"].iloc[0] not in _PRECISIONS):
         raise ValueError(f"{path}: column precision must hold one of {', '.join(_PRECISIONS)} in every row")
-    times = df[["flashmla", *_variants(df)]].to_numpy(dtype=np.float64)
+    times = df[[reference_column(df), *_variants(df)]].to_numpy(dtype=np.float64)
     finite_positive = np.isfinite(times) & (times > 0)
     if df.empty or not (np.isnan(times) | finite_positive).all() or not finite_positive[:, 0].all():
         raise ValueError(f"{path}: every time must be a finite positive number of µs (or empty for a failed variant)")
@@ -77,21 +103,23 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
 
 
 def _variants(df: pd.DataFrame) -> list[str]:
-    """The variant columns: all but the shape, FlashMLA, the floor, the file name and the provenance columns."""
-    return [c for c in df.columns if c not in (*_FIXED, "floor", "run", "precision", *PROVENANCE_COLUMNS)]
+    """The variant columns: all but the shape, the reference, the floor, the file name and the provenance columns."""
+    ref = reference_column(df)
+    return [c for c in df.columns if c not in (*_FIXED, ref, "floor", "run", "precision", *PROVENANCE_COLUMNS)]
 
 
 def experiment_geomeans(df: pd.DataFrame) -> pd.DataFrame:
-    """Per variant (and FlashMLA fp8 and, when recorded, the copy floor): the geomean µs over the shapes it ran, its
-    ratio to FlashMLA fp8's geomean over the same shapes, and how many shapes that is."""
+    """Per variant (and the reference and, when recorded, the copy floor): the geomean µs over the shapes it ran, its
+    ratio to the reference's geomean over the same shapes (`reference_column`), and how many shapes that is."""
     _check(df)
+    ref = reference_column(df)
     rows = []
-    for col in ["flashmla", *_variants(df), *(["floor"] if "floor" in df.columns else [])]:
+    for col in [ref, *_variants(df), *(["floor"] if "floor" in df.columns else [])]:
         ok = df[col].notna() & (df[col] > 0)
         n = int(ok.sum())
         geo = float(np.exp(np.log(df.loc[ok, col]).mean())) if n else math.nan
-        peer = float(np.exp(np.log(df.loc[ok, "flashmla"]).mean())) if n else math.nan
-        rows.append({"variant": col, "geomean_us": geo, "vs_flashmla": geo / peer, "shapes": n})
+        peer = float(np.exp(np.log(df.loc[ok, ref]).mean())) if n else math.nan
+        rows.append({"variant": col, "geomean_us": geo, "vs_reference": geo / peer, "shapes": n})
     return pd.DataFrame(rows)
 
 
@@ -99,12 +127,14 @@ def _check(df: object) -> None:
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"df must be a pandas DataFrame (load_experiment), got {type(df).__name__}")
     missing = [c for c in _FIXED if c not in df.columns]
-    if missing or not _variants(df) or df.empty:
-        raise ValueError(f"df must be an experiment table with rows, {', '.join(_FIXED)} and variant columns")
+    if missing or not any(c in df.columns for c in _REFERENCES) or df.empty or not _variants(df):
+        raise ValueError(f"df must be an experiment table with rows, {', '.join(_FIXED)}, a reference column (one of "
+                         f"{', '.join(_REFERENCES)}) and variant columns")  # fmt: skip
 
 
 def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:
-    """Per shape, each variant's time over FlashMLA's (fp8, or bf16 for a bf16 file; lower is faster), the legend with
+    """Per shape, each variant's time over the reference's (`peer_name`: FlashMLA fp8 for a8w8 files; lower is
+    faster), the legend with
     each geomean ratio; diamonds: the copy floor (bytes / copy bandwidth) over FlashMLA's time, what no kernel reading
     every byte once can beat by much; the dashed line: the goal on the geomean (a8w8 files only: it is #5's a8w8
     goal)."""
@@ -114,19 +144,20 @@ def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:
     d = df.sort_values(["L", "B"])
     shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
     geo = experiment_geomeans(d).set_index("variant")
+    ref = reference_column(d)
     fig = go.Figure()
     for col in _variants(d):
-        ratio = d[col] / d["flashmla"]
-        hover = [f"{u:.2f} µs vs {peer} {f:.2f} µs" for u, f in zip(d[col], d["flashmla"])]
+        ratio = d[col] / d[ref]
+        hover = [f"{u:.2f} µs vs {peer} {f:.2f} µs" for u, f in zip(d[col], d[ref])]
         g = geo.loc[col]
         missing = "" if g["shapes"] == len(d) else f" ({int(g['shapes'])} of {len(d)} shapes)"
-        fig.add_trace(go.Bar(x=shapes, y=ratio, name=f"{col}: {g['vs_flashmla']:.3f}×{missing}", hovertext=hover))
+        fig.add_trace(go.Bar(x=shapes, y=ratio, name=f"{col}: {g['vs_reference']:.3f}×{missing}", hovertext=hover))
     if "floor" in d.columns:
-        fig.add_trace(go.Scatter(x=shapes, y=d["floor"] / d["flashmla"], mode="markers", name="copy floor",
+        fig.add_trace(go.Scatter(x=shapes, y=d["floor"] / d[ref], mode="markers", name="copy floor",
                                  marker={"symbol": "diamond", "color": "black"}))  # fmt: skip
     run = f" — {d['run'].iloc[0]}" if "run" in d.columns else ""
     title = f"variants / {peer}, one process on the H200{run}"
-    return finish_ratio_figure(fig, goal if peer == _PRECISIONS["a8w8"] else None, title, peer)
+    return finish_ratio_figure(fig, goal if peer == "FlashMLA fp8" else None, title, peer)
 
 
 def main() -> None:
