@@ -497,22 +497,22 @@ def _stage1_kernel(
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, NQ, 256 // MMA_BITS])  # fmt: skip
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
-    # a row of Pᵀ / Vᵀ: BLOCK_N tokens of the KV's type (64 B in fp8, 128 B in bf16)
+    # a row of Pᵀ / Vᵀ: BLOCK_N tokens of the products' type (64 B in fp8, 128 B in bf16)
     T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * MMA_BITS // 8, element_bitwidth=MMA_BITS,
                                                   rank=2)  # fmt: skip
-    kv_type: gl.constexpr = qn_desc.dtype  # the products' element type: fp8, or bf16 with V_FROM_K
+    mma_type: gl.constexpr = qn_desc.dtype  # the products' element type (q's): fp8, or bf16 with V_FROM_K
 
     kn_smem = gl.allocate_shared_memory(kn_desc.dtype, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
     kr_smem = gl.allocate_shared_memory(kr_desc.dtype, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
-    qn_smem = gl.allocate_shared_memory(kv_type, [2, NQ, D_NOPE], qn_desc.layout)
-    qr_smem = gl.allocate_shared_memory(kv_type, [2, NQ, D_ROPE], qr_desc.layout)
-    p_smem = gl.allocate_shared_memory(kv_type, [2, NQ, BLOCK_N], T_LAYOUT)
+    qn_smem = gl.allocate_shared_memory(mma_type, [2, NQ, D_NOPE], qn_desc.layout)
+    qr_smem = gl.allocate_shared_memory(mma_type, [2, NQ, D_ROPE], qr_desc.layout)
+    p_smem = gl.allocate_shared_memory(mma_type, [2, NQ, BLOCK_N], T_LAYOUT)
     if KV_CONVERT:  # the one bf16 tile that QK and PV read (the ring holds the fp8 codes as TMA brought them)
         KB_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        kb_smem = gl.allocate_shared_memory(kv_type, [1, BLOCK_N, D_NOPE], KB_LAYOUT)
-        krb_smem = gl.allocate_shared_memory(kv_type, [1, BLOCK_N, D_ROPE], KB_LAYOUT)
+        kb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_NOPE], KB_LAYOUT)
+        krb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_ROPE], KB_LAYOUT)
     if not V_IN_REGS and not V_FROM_K:
-        vt_smem = gl.allocate_shared_memory(kv_type, [2, D_NOPE, BLOCK_N], T_LAYOUT)
+        vt_smem = gl.allocate_shared_memory(mma_type, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     if WARP_XCHG:
         # the 4 warps' per-head values of `_across_warps`: slot 0 for the tiles' maxima (a tile's reads precede the
         # barrier after its P store, which the next tile passes before it writes), 1 / 2 for the works' softmax sums by
@@ -660,9 +660,9 @@ def _stage1_kernel(
             m_i = m_new
             pb = it % 2
             if V_IN_REGS:
-                p_smem.index(pb).store(_p_operand(p, kv_type, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
+                p_smem.index(pb).store(_p_operand(p, mma_type, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
             else:
-                p_smem.index(pb).store(p.to(kv_type).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
+                p_smem.index(pb).store(p.to(mma_type).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Vᵀ, Pᵀ) and reads (V from the K tile) before async ones
             _cta_barrier()  # ... by all four warps: the stage is free and Vᵀ / Pᵀ complete
             if V_FROM_K and not KV_CONVERT:  # noqa: SIM102

@@ -200,8 +200,8 @@ class KernelConfig:
     H200 but slower (2026-12-03: 0.709x / 0.718x / 0.758x of FlashMLA fp8's geomean for 2 / 4 / 8 against 0.698x,
     data/profiles/h200_2026-12-03_ab_merge.csv; probably because the merging CTA's tail lies on the critical path of
     the last SM to finish), so off. ``hopper_stages``: the TMA ring's depth, 1 to `HOPPER_MAX_STAGES` of the path;
-    None (default) = the path's default (`hopper_ring`: 3 fp8 tiles, 2 bf16 tiles (v-tile: exactly 2), 2 tiles of 128
-    tokens).
+    None (default) = the path's default (`hopper_ring`: 3 fp8 tiles; 2 on v-tile (exactly 2) and v-conv (at most 2);
+    2 tiles of 128 tokens).
     ``hopper_block`` (hopper): tokens per tile, 64 (one warpgroup per CTA) or 128 (two warpgroups, 8 warps, on one
     128-token tile; v-regs, at most `HOPPER_MAX_STAGES_128` stages, no warp exchange or merge; a plan cut on multiples
     of 128 tokens avoids half-empty tiles). Correct on the H200, ~10 % cheaper per token, but slower overall (a later
@@ -334,6 +334,17 @@ HOPPER_VARIANTS = ("vt-smem", "v-regs", "v-tile", "v-conv")
 #: The sm_90 path of each precision that has only one (what ``hopper_variant="auto"`` means for it); a8w8 has two.
 PRECISION_VARIANT = {Precision.BF16: "v-tile", Precision.A16W8: "v-conv"}
 
+#: What those two paths allow (checked in `TritonDecoder`): their precision (``why``), a ring of exactly (v-tile: it
+#: refills a stage one tile late) or at most (v-conv) `HOPPER_MAX_STAGES` tiles, the refill points, and one warpgroup
+#: on 64-token tiles without the fp8 paths' experiments (merge, warp exchange, ablation).
+ONE_PATH_RULES: dict[str, dict[str, Any]] = {
+    "v-tile": dict(why="reads Vᵀ straight from the K tile, which wgmma transposes for 16-bit types only: bf16 precision",
+                   exact_ring=True, refill=(True, False), ring_note="tiles (it refills a stage one tile late)"),
+    "v-conv": dict(why="converts fp8 KV codes for bf16 q: a16w8 precision", exact_ring=False, refill=(True,),
+                   ring_note="fp8 tiles (beside its bf16 tile), refilled once each is converted "
+                             "(hopper_refill_after_pv None or True)"),
+}  # fmt: skip
+
 #: `KernelConfig.hopper_ablate` -> the kernel's ``ABLATE``: which compute the sm_90 stage 1 skips (timing only).
 HOPPER_ABLATIONS = {"none": 0, "qk": 1, "qk+pv": 2}
 
@@ -412,7 +423,7 @@ def hopper_ring(config: KernelConfig) -> int:
 
 #: The deepest TMA ring of each sm_90 path (`KernelConfig.hopper_stages`): a stage holds a 64-token tile (36 KB in
 #: fp8); vt-smem also keeps two 32 KB Vᵀ buffers, so 3 stages fill its 227 KB of shared memory; v-regs fits 5; a bf16
-#: tile (v-tile) is 72 KB: 2 (196 KB with q and P).
+#: tile (v-tile) is 72 KB: 2 (196 KB with q and P); v-conv: 2 fp8 tiles beside its one 72 KB bf16 tile (196 KB).
 HOPPER_MAX_STAGES = {"vt-smem": 3, "v-regs": 5, "v-tile": 2, "v-conv": 2}
 
 #: The ring depth each path runs when `KernelConfig.hopper_stages` is None (`hopper_ring`): 3 tiles of 64 fp8 tokens
@@ -594,29 +605,22 @@ class TritonDecoder:
         if burst is not None and (type(burst) is not int or not 0 <= burst < stages):
             raise ValueError(f"hopper_first_burst must be None (auto), 0 (the whole ring at once) or 1 to "
                              f"hopper_stages - 1 = {stages - 1}, got {burst!r}")  # fmt: skip
-        bf16 = prepared.precision is Precision.BF16
-        if config.hopper_variant == "v-tile" and not bf16:
-            raise ValueError("hopper_variant='v-tile' reads Vᵀ straight from the K tile, which wgmma transposes for "
-                             f"16-bit types only: bf16 precision, not {prepared.precision.value}")  # fmt: skip
-        if config.hopper_variant == "v-tile" and config.kernel != "portable" and (
-            stages != HOPPER_MAX_STAGES["v-tile"] or config.hopper_block != 64 or config.hopper_warpgroups != 1
-            or config.hopper_merge_splits or config.hopper_warp_exchange or config.hopper_ablate != "none"
-        ):  # fmt: skip
-            raise ValueError("hopper_variant='v-tile' (bf16) runs 64-token tiles on one warpgroup with a ring of exactly "
-                             f"{HOPPER_MAX_STAGES['v-tile']} tiles (it refills a stage one tile late), without "
-                             "hopper_merge_splits, hopper_warp_exchange or hopper_ablate")  # fmt: skip
-        if config.hopper_variant == "v-conv" and prepared.precision is not Precision.A16W8:
-            raise ValueError("hopper_variant='v-conv' converts fp8 KV codes for bf16 q: a16w8 precision, not "
-                             f"{prepared.precision.value}")  # fmt: skip
-        if config.hopper_variant == "v-conv" and config.kernel != "portable" and (
-            stages > HOPPER_MAX_STAGES["v-conv"] or config.hopper_block != 64 or config.hopper_warpgroups != 1
-            or config.hopper_merge_splits or config.hopper_warp_exchange or config.hopper_ablate != "none"
-            or not config.hopper_refill_after_pv
-        ):  # fmt: skip
-            raise ValueError("hopper_variant='v-conv' (a16w8) runs 64-token tiles on one warpgroup with a ring of at "
-                             f"most {HOPPER_MAX_STAGES['v-conv']} fp8 tiles (beside its bf16 tile), refilled once each "
-                             "is converted (hopper_refill_after_pv None or True), without hopper_merge_splits, "
-                             "hopper_warp_exchange or hopper_ablate")  # fmt: skip
+        path = config.hopper_variant
+        if path in ONE_PATH_RULES:  # the 16-bit paths: one precision each, fewer knobs
+            rule = ONE_PATH_RULES[path]
+            if PRECISION_VARIANT.get(prepared.precision) != path:
+                raise ValueError(f"hopper_variant={path!r} {rule['why']}, not {prepared.precision.value}")
+            limit = HOPPER_MAX_STAGES[path]
+            ring_ok = stages == limit if rule["exact_ring"] else stages <= limit
+            if config.kernel != "portable" and (
+                not ring_ok or config.hopper_block != 64 or config.hopper_warpgroups != 1 or config.hopper_merge_splits
+                or config.hopper_warp_exchange or config.hopper_ablate != "none"
+                or config.hopper_refill_after_pv not in rule["refill"]
+            ):  # fmt: skip
+                raise ValueError(f"hopper_variant={path!r} ({prepared.precision.value}) runs 64-token tiles on one "
+                                 f"warpgroup with a ring of {'exactly' if rule['exact_ring'] else 'at most'} {limit} "
+                                 f"{rule['ring_note']}, without hopper_merge_splits, "
+                                 "hopper_warp_exchange or hopper_ablate")  # fmt: skip
         if config.hopper_first_burst and config.hopper_warpgroups == 2:
             raise ValueError("hopper_first_burst is a knob of the one-warpgroup kernel (hopper_warpgroups=1)")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
