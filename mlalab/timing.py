@@ -33,6 +33,7 @@ from .traffic import decode_traffic
 __all__ = [
     "COMPETITION_SHAPES",
     "MAX_ROTATION",
+    "kv_cache_bytes",
     "rotation_copies",
     "SUITES",
     "TimingRecord",
@@ -230,6 +231,13 @@ def call_bytes(batch: int, kv_len: int, precision: str) -> int:
     return int(round(t.total_bytes))
 
 
+def kv_cache_bytes(batch: int, kv_len: int, precision: str) -> int:
+    """Bytes of one KV cache of B x L tokens at `precision` (576 per token in fp8, 1152 in bf16): one rotated copy."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return batch * kv_len * MLA.qk_dim * _kv_itemsize(precision)
+
+
 def _kv_format(precision: str) -> str:
     return "bf16" if precision == "bf16" else "fp8"
 
@@ -354,8 +362,7 @@ def bench_one(
     nbytes = call_bytes(B, L, precision)
     rec.bytes = nbytes
     rec.floor_us = nbytes / (copy_tbps * 1e12) * 1e6
-    kv_bytes = B * L * MLA.qk_dim * _kv_itemsize(precision)
-    n_copies = rotation_copies(kv_bytes)
+    n_copies = rotation_copies(kv_cache_bytes(B, L, precision))
     try:
         kw = dict(opts)
         if backend == "aiter":
@@ -587,7 +594,7 @@ def _bench_reference_torch(x: Any, bw: float, env: dict, outputs: list, cpg: int
     rec.bytes = call_bytes(B, L, "bf16")
     rec.floor_us = rec.bytes / (bw * 1e12) * 1e6
     try:
-        n = rotation_copies(B * L * MLA.qk_dim * 2)
+        n = rotation_copies(kv_cache_bytes(B, L, "bf16"))
         call = reference_torch_callable(x, n)
         out = call(0).float()
         t = time_callable(call, n, calls_per_graph=cpg, replays=reps)

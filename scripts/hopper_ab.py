@@ -7,6 +7,7 @@ calls over KV copies rotated past the L2) on the competition shapes. Prints one 
 
     python scripts/hopper_ab.py --variants v1,v2,auto --out /tmp/ab.csv
     python scripts/hopper_ab.py --precision bf16 --variants portable,v-tile   # bf16: FlashMLA bf16 beside
+    python scripts/hopper_ab.py --precision a16w8 --peers flashinfer --variants portable,v-conv
 
 A variant's knobs run the sm_90 kernel (``kernel="hopper"``) unless they name another ``kernel``.
 """
@@ -20,11 +21,11 @@ import time
 import torch
 
 from mlalab.backends.triton import build_plan, make_callable
-from mlalab.config import MLA, DecodeCase
+from mlalab.config import DecodeCase
 from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.io import write_rows_csv
 from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder, naive_decode, prepare
-from mlalab.timing import copy_bandwidth, provenance, rotation_copies, time_callable
+from mlalab.timing import call_bytes, copy_bandwidth, kv_cache_bytes, provenance, rotation_copies, time_callable
 
 #: name -> (plan slots per SM, KernelConfig knobs). v1 / v2: the two sm_90 paths (`hopper_variant` vt-smem / v-regs)
 #: with q fetched after the ring, the code of run 9 (the A/Bs of 2026-12-02/03 that name them); v2x2: v-regs with
@@ -161,10 +162,7 @@ def main() -> None:
     peers = [p for p in a.peers.split(",") if p]
     for B, L in shapes:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
-        kv_es = 2 if a.precision == "bf16" else 1  # bytes per KV element (fp8 codes unless bf16)
-        q_es = 1 if a.precision == "a8w8" else 2  # bytes per q element
-        kv_bytes = B * L * MLA.qk_dim * kv_es
-        n = rotation_copies(kv_bytes)
+        n = rotation_copies(kv_cache_bytes(B, L, a.precision))
         line = {"B": B, "L": L}
         for peer in peers:
             try:
@@ -188,7 +186,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001
                 print(f"{name} failed at {B}x{L}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 line[name] = float("nan")
-        floor = (kv_bytes + B * 16 * (576 * q_es + 1024)) / (bw * 1e12) * 1e6
+        floor = call_bytes(B, L, a.precision) / (bw * 1e12) * 1e6  # (the bench's floor_us)
         line["floor"] = floor
         rows.append(line)
         print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in line.items()), flush=True)

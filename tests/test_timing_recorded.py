@@ -29,6 +29,7 @@ from mlalab.timing import (
     MAX_ROTATION,
     config_string,
     copy_bandwidth,
+    kv_cache_bytes,
     parse_config,
     rel_l2,
     rotation_copies,
@@ -52,6 +53,11 @@ def test_rotation_copies_span_four_l2s_within_bounds() -> None:
     # the smallest competition shape (4 x 1024 fp8) rotates through > 4 L2s (107 copies; 16 up to run 12: 38 MB)
     assert rotation_copies(4 * 1024 * 576) == 107 and rotation_copies(603_979_776) == 2
     assert rotation_copies(1) == MAX_ROTATION
+    # the bytes of one rotated copy, per precision (one place: the bench and scripts/hopper_ab.py use it)
+    assert kv_cache_bytes(4, 1024, "a8w8") == kv_cache_bytes(4, 1024, "a16w8") == 4 * 1024 * 576
+    assert kv_cache_bytes(4, 1024, "bf16") == 2 * 4 * 1024 * 576
+    with pytest.raises(ValueError, match="precision must be one of"):
+        kv_cache_bytes(4, 1024, "fp4")
     for bad in (0, -5, 1.5, True, "8"):
         with pytest.raises(ValueError, match="kv_bytes"):
             rotation_copies(bad)
