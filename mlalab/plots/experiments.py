@@ -44,10 +44,8 @@ _FIXED = ("B", "L")
 #: the reference columns an experiment file may have, the first one present being the file's reference
 _REFERENCES = ("flashmla", "flashinfer", "portable")
 
-#: the precisions an experiment file may name (column ``precision``; absent = a8w8, the files before session 11)
-_PRECISIONS = ("a8w8", "bf16", "a16w8")
-
-#: how each reference column is named, per precision
+#: how each reference column is named, and the precisions an experiment file may name with the peer flavour each
+#: means (column ``precision``; absent = a8w8, the files before session 11)
 _REFERENCE_NAMES = {"flashmla": "FlashMLA", "flashinfer": "FlashInfer", "portable": "our portable kernel"}
 _FLAVOURS = {"a8w8": "fp8", "bf16": "bf16", "a16w8": "a16w8"}
 
@@ -93,8 +91,8 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
                          f"{', '.join(_REFERENCES)}): not a scripts/hopper_ab.py table")  # fmt: skip
     if not _variants(df):
         raise ValueError(f"{path} has no variant column besides {', '.join(_FIXED)} and floor")
-    if "precision" in df.columns and (df["precision"].nunique() != 1 or df["precision"].iloc[0] not in _PRECISIONS):
-        raise ValueError(f"{path}: column precision must hold one of {', '.join(_PRECISIONS)} in every row")
+    if "precision" in df.columns and (df["precision"].nunique() != 1 or df["precision"].iloc[0] not in _FLAVOURS):
+        raise ValueError(f"{path}: column precision must hold one of {', '.join(_FLAVOURS)} in every row")
     times = df[[reference_column(df), *_variants(df)]].to_numpy(dtype=np.float64)
     finite_positive = np.isfinite(times) & (times > 0)
     if df.empty or not (np.isnan(times) | finite_positive).all() or not finite_positive[:, 0].all():
