@@ -8,6 +8,7 @@ calls over KV copies rotated past the L2) on the competition shapes. Prints one 
     python scripts/hopper_ab.py --variants v1,v2,auto --out /tmp/ab.csv
     python scripts/hopper_ab.py --precision bf16 --variants portable,v-tile   # bf16: FlashMLA bf16 beside
     python scripts/hopper_ab.py --precision a16w8 --peers flashinfer --variants portable,v-conv
+    python scripts/hopper_ab.py --no-check --variants auto,auto@64,auto@96   # plans of 64 / 96 slots (CTAs)
 
 A variant's knobs run the sm_90 kernel (``kernel="hopper"``) unless they name another ``kernel``.
 """
@@ -84,6 +85,16 @@ VARIANTS: dict[str, tuple[int, dict]] = {
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
 
+def variant(name: str, sms: int) -> tuple[int, dict]:
+    """``(plan slots, knobs)`` of a variant name: one of `VARIANTS`, optionally ``@N`` for a plan of N slots (CTAs)
+    instead of the variant's slots per SM times the SMs, e.g. ``auto@64``: the default kernel on 64 slots."""
+    base, _, slots = name.partition("@")
+    if base not in VARIANTS:
+        raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots)")
+    per_sm, knobs = VARIANTS[base]
+    return (int(slots) if slots else sms * per_sm), knobs
+
+
 def _refs_before(x, on: bool, precision: str = "a8w8") -> None:  # noqa: ANN001
     """With ``--refs-before``: the shape's fp32 references (exact and a8w8-emulated), as the bench computed them
     right before its first timing of a shape up to session 8, then wait for them."""
@@ -95,7 +106,7 @@ def _refs_before(x, on: bool, precision: str = "a8w8") -> None:  # noqa: ANN001
 
 
 def check(name: str, sms: int, precision: str = "a8w8") -> bool:
-    per_sm, knobs = VARIANTS[name]
+    slots, knobs = variant(name, sms)
     knobs = {"kernel": "hopper", **knobs}
     ok = True
     cases = [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40,
@@ -106,7 +117,7 @@ def check(name: str, sms: int, precision: str = "a8w8") -> bool:
         ref, ref_lse = naive_decode(p)
         live = ref.norm(dim=-1) > 0
         for planner in ("simple", "balanced"):
-            plan = build_plan(x, planner, sms * per_sm, **({"block": 128} if planner == "simple" else {}))
+            plan = build_plan(x, planner, slots, **({"block": 128} if planner == "simple" else {}))
             try:
                 dec = TritonDecoder(p, plan, config=KernelConfig(**knobs))
                 for rep in range(2):  # twice: a second call on the same decoder must give the same result
@@ -150,6 +161,8 @@ def main() -> None:
     names = [v for v in a.variants.split(",") if v]
     shapes = SHAPES if not a.shapes else [tuple(int(t) for t in s.split("x")) for s in a.shapes.split(",")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n in names:  # unknown names fail before any timing
+        variant(n, sms)
     t0 = time.time()
     good = dict.fromkeys(names, True)
     if not a.no_check:
@@ -175,9 +188,8 @@ def main() -> None:
                 print(f"{peer} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 line[peer] = float("nan")
         for name in names:
-            per_sm, knobs = VARIANTS[name]
+            slots, knobs = variant(name, sms)
             try:
-                slots = sms * per_sm
                 call, info = make_callable(x, precision=a.precision, n_copies=n, num_cus=slots,
                                            **{"kernel": "hopper", **knobs})  # fmt: skip
                 call(0)
