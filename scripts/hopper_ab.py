@@ -79,6 +79,10 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v-tile-early": (1, dict(hopper_variant="v-tile", hopper_refill_after_pv=False)),
     "v-conv": (1, dict(hopper_variant="v-conv")),
     "v-conv-1": (1, dict(hopper_variant="v-conv", hopper_stages=1)),
+    # the simple planner cutting works of at least 128 / 256 tokens (`make_callable`'s plan_block; default 64): fewer
+    # busy CTAs, each with more tiles, spread over the grid of one CTA per SM
+    "pb128": (1, dict(plan_block=128)),
+    "pb256": (1, dict(plan_block=256)),
 }
 
 
@@ -108,6 +112,7 @@ def _refs_before(x, on: bool, precision: str = "a8w8") -> None:  # noqa: ANN001
 def check(name: str, sms: int, precision: str = "a8w8") -> bool:
     slots, knobs = variant(name, sms)
     knobs = {"kernel": "hopper", **knobs}
+    block = knobs.pop("plan_block", 128)  # (the checks' simple plans cut on 128 tokens unless the variant says)
     ok = True
     cases = [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40,
              (8192,) * 4, (100,) * 150]  # fmt: skip
@@ -117,7 +122,7 @@ def check(name: str, sms: int, precision: str = "a8w8") -> bool:
         ref, ref_lse = naive_decode(p)
         live = ref.norm(dim=-1) > 0
         for planner in ("simple", "balanced"):
-            plan = build_plan(x, planner, slots, **({"block": 128} if planner == "simple" else {}))
+            plan = build_plan(x, planner, slots, **({"block": block} if planner == "simple" else {}))
             try:
                 dec = TritonDecoder(p, plan, config=KernelConfig(**knobs))
                 for rep in range(2):  # twice: a second call on the same decoder must give the same result

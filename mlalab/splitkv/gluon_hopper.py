@@ -39,8 +39,8 @@ h200_2026-12-02_hopper_dev3 vs dev5). Partials are ours alone (only the reduce r
 ``LAUNCH_DEPENDENTS`` every CTA signals at once that the reduce (launched as a programmatic dependent) may start; the
 reduce waits for this grid's writes.
 
-Measured on the H200 (data/timings/h200_2026-12-03_run13.csv, v-regs on every shape, deferred ring fill): 0.68x FlashMLA
-fp8's geomean over the 12 competition shapes, 104 % of the copy bandwidth at batch 128 × 8192. A CTA spends 1.24-1.31 µs
+Measured on the H200 (data/timings/h200_2026-12-03_run14.csv, v-regs on every shape, deferred ring fill): 0.67x FlashMLA
+fp8's geomean over the 12 competition shapes, 105 % of the copy bandwidth at batch 128 × 8192. A CTA spends 1.24-1.31 µs
 per tile on this path (data/profiles/h200_2026-12-03s6b_profile.csv), 1.01-1.11 on v-regs
 (h200_2026-12-03s7_profile.csv, launch clock): one warpgroup serialises QK → softmax → PV, and at small batch the fixed
 chain (header, first tile, epilogue, reduce), not bytes, sets the time: with both wgmmas skipped (``ABLATE``) the call
