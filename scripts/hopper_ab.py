@@ -79,8 +79,6 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "v-tile-early": (1, dict(hopper_variant="v-tile", hopper_refill_after_pv=False)),
     "v-conv": (1, dict(hopper_variant="v-conv")),
     "v-conv-1": (1, dict(hopper_variant="v-conv", hopper_stages=1)),
-    # v-conv with two bf16 tiles and one fp8 stage: tile i+1 converted while the tensor cores score tile i
-    "v-conv-ahead": (1, dict(hopper_variant="v-conv", hopper_convert_ahead=True)),
     # the simple planner cutting works of at least 128 / 256 tokens (`make_callable`'s plan_block; default 64): fewer
     # busy CTAs, each with more tiles, spread over the grid of one CTA per SM
     "pb128": (1, dict(plan_block=128)),

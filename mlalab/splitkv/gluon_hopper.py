@@ -428,7 +428,6 @@ def _stage1_kernel(
     V_IN_REGS: gl.constexpr,  # the PV's Vᵀ from registers (gluon_hopper_vreg) instead of a Vᵀ buffer
     V_FROM_K: gl.constexpr,  # 16-bit KV: the PV reads Vᵀ straight from the K tile (wgmma transposes 16-bit operands)
     KV_CONVERT: gl.constexpr,  # fp8 KV, bf16 q (a16w8): each fp8 tile converted to one bf16 tile, then as V_FROM_K
-    CONVERT_AHEAD: gl.constexpr,  # KV_CONVERT with two bf16 tiles: tile i+1 converted while QK(i) runs (1 fp8 stage)
     WAIT_PRIOR: gl.constexpr,  # launched as a programmatic dependent: wait for the prior kernel before any TMA
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     REPORT: gl.constexpr,  # print the V bank-conflict counts while compiling (sm90_build)
@@ -457,8 +456,6 @@ def _stage1_kernel(
                      "q and KV of one type, or fp8 KV converted for bf16 q (KV_CONVERT)")  # fmt: skip
     # (V_FROM_K refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the V_FROM_K ring needs 2 stages")
-    gl.static_assert(not CONVERT_AHEAD or (KV_CONVERT and NUM_STAGES == 1 and FIRST_BURST == 1),
-                     "CONVERT_AHEAD: KV_CONVERT, one fp8 stage (two bf16 tiles fill the shared memory)")  # fmt: skip
     gl.static_assert(not (V_FROM_K and (V_IN_REGS or WARP_XCHG or MERGE_MAX > 0 or BLOCK_N != 64 or ABLATE > 0)),
                      "the V_FROM_K path: 64-token tiles, no warp exchange, merge or ablation")  # fmt: skip
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
@@ -509,15 +506,11 @@ def _stage1_kernel(
     kr_smem = gl.allocate_shared_memory(kr_desc.dtype, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
     qn_smem = gl.allocate_shared_memory(mma_type, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(mma_type, [2, NQ, D_ROPE], qr_desc.layout)
-    # (CONVERT_AHEAD: one Pᵀ buffer, since every warp has waited for PV(i-1) before the barrier that precedes P(i)'s
-    # store; its 2 KB are what keeps the two bf16 tiles within the 227 KB of shared memory)
-    P_BUFS: gl.constexpr = 1 if CONVERT_AHEAD else 2
-    p_smem = gl.allocate_shared_memory(mma_type, [P_BUFS, NQ, BLOCK_N], T_LAYOUT)
-    if KV_CONVERT:  # the bf16 tile(s) that QK and PV read (the ring holds the fp8 codes as TMA brought them)
+    p_smem = gl.allocate_shared_memory(mma_type, [2, NQ, BLOCK_N], T_LAYOUT)
+    if KV_CONVERT:  # the one bf16 tile that QK and PV read (the ring holds the fp8 codes as TMA brought them)
         KB_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        KB_BUFS: gl.constexpr = 2 if CONVERT_AHEAD else 1
-        kb_smem = gl.allocate_shared_memory(mma_type, [KB_BUFS, BLOCK_N, D_NOPE], KB_LAYOUT)
-        krb_smem = gl.allocate_shared_memory(mma_type, [KB_BUFS, BLOCK_N, D_ROPE], KB_LAYOUT)
+        kb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_NOPE], KB_LAYOUT)
+        krb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_ROPE], KB_LAYOUT)
     if not V_IN_REGS and not V_FROM_K:
         vt_smem = gl.allocate_shared_memory(mma_type, [2, D_NOPE, BLOCK_N], T_LAYOUT)
     if WARP_XCHG:
@@ -587,18 +580,7 @@ def _stage1_kernel(
                 row_rf = gl.load(TILE_ROWS + t_begin + it - 1 + NUM_STAGES,
                                  mask=(it > 0) & (it - 1 + NUM_STAGES < n_tiles), other=0)  # fmt: skip
             s = it % NUM_STAGES
-            if CONVERT_AHEAD:  # tile it is already a bf16 tile, converted during the previous tile (or just below)
-                kb = kb_smem.index(it % 2)
-                krb = krb_smem.index(it % 2)
-                if it == 0:  # the CTA's first tile: wait, convert, and only then can tile 1 use the one fp8 stage
-                    mbarrier.wait(ready.index(0), 0)
-                    _convert_tile(kn_smem.index(0), kb, BLOCK_N, False, BLOCK_N, D_NOPE)
-                    _convert_tile(kr_smem.index(0), krb, BLOCK_N, False, BLOCK_N, D_ROPE)
-                    fence_async_shared()
-                    _cta_barrier()
-                    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, 1, n_tiles, NUM_STAGES)
-            else:
-                mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
+            mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
             if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
                 if it < TIMELINE_MAX:
                     _stamp(tl_row, 8 + it)
@@ -607,9 +589,7 @@ def _stage1_kernel(
                     _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, row3, row4, n_tiles,
                                     NUM_STAGES, FIRST_BURST)  # fmt: skip
             kn = kn_smem.index(s)
-            if CONVERT_AHEAD:
-                kn = kb
-            elif KV_CONVERT:
+            if KV_CONVERT:
                 # PV(it-1) read the bf16 tile: complete in this warp, then (barrier) in every warp, before it is
                 # overwritten with this tile's codes as bf16 (exact: every e4m3 value is a bf16 value)
                 o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
@@ -630,19 +610,13 @@ def _stage1_kernel(
                 # its P buffer are free. (Waiting for it only after issuing QK, with a partial wait_group, makes
                 # ptxas serialise every wgmma of the kernel; waiting for both after the V load spills.)
                 o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
-            if CONVERT_AHEAD:
-                # PV(it-1) complete in this warp, then (barrier) in every warp: it read bf16 tile it-1, the buffer that
-                # tile it+1 is converted into below, and the one Pᵀ buffer. (Waited for before the QK is issued: a
-                # partial wait_group after it makes ptxas serialise every wgmma of the kernel.)
-                o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
-                _cta_barrier()
             # QK on the tensor cores, asynchronously ...
             if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
                 s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
             else:
                 s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
                                       is_async=True)  # fmt: skip
-                if KV_CONVERT:  # (krb: this tile's bf16 rope dims)
+                if KV_CONVERT:
                     s_tok = warpgroup_mma(krb, q_rope_t, s_tok, is_async=True)
                 else:
                     s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
@@ -650,18 +624,6 @@ def _stage1_kernel(
             if V_IN_REGS:
                 v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT, BLOCK_N)
                 s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
-            elif CONVERT_AHEAD:  # (PV(it-1) completed before the QK was issued)
-                if it + 1 < n_tiles:  # convert tile it+1 on the CUDA cores while the tensor cores score tile it
-                    mbarrier.wait(ready.index(0), (it + 1) & 1)
-                    _convert_tile(kn_smem.index(0), kb_smem.index((it + 1) % 2), BLOCK_N, False, BLOCK_N, D_NOPE)
-                    _convert_tile(kr_smem.index(0), krb_smem.index((it + 1) % 2), BLOCK_N, False, BLOCK_N, D_ROPE)
-                    fence_async_shared()  # generic-proxy writes before the wgmma's async reads
-                    _cta_barrier()  # every warp done with the fp8 stage: tile it+2 may land in it
-                    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_nx, it + 2, n_tiles, NUM_STAGES)
-                s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
-                if MASK_TAIL:  # noqa: SIM102
-                    if kv_end - start < BLOCK_N:  # a work's last tile of a paged cache: zero its tail (NaN-safe PV)
-                        _zero_tail_rows(kn, kv_end - start, BLOCK_N, D_NOPE)
             elif KV_CONVERT:  # (PV(it-1) completed before the conversion)
                 s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
             elif V_FROM_K:  # QK(it) and this warp's part of PV(it-1) complete
@@ -696,7 +658,7 @@ def _stage1_kernel(
             p = gl.exp2(sc - m_new[None, :])
             l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
-            pb = it % P_BUFS
+            pb = it % 2
             if V_IN_REGS:
                 p_smem.index(pb).store(_p_operand(p, mma_type, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
             else:

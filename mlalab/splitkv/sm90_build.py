@@ -92,7 +92,6 @@ def compile_hopper(
     block: int = 64,
     warpgroups: int = 1,
     first_burst: int = 0,
-    convert_ahead: bool = False,
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs`` on fp8 inputs,
     ``v-tile`` on bf16: the PV reads Vᵀ from the K tile, 64-token tiles, none of the options below; ``v-conv`` on bf16 q
@@ -101,8 +100,7 @@ def compile_hopper(
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
     ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two; ``block``: its ``BLOCK_N``, 64 (one warpgroup)
     or 128 (two, v-regs only); ``warpgroups=2``: `gluon_hopper_2wg`, two warpgroups on alternate tiles sharing a
-    ring of `stages` tiles, v-regs only, without the other options; ``first_burst``: its ``FIRST_BURST``, 0 = `stages`;
-    ``convert_ahead``: its ``CONVERT_AHEAD``, v-conv with `stages` 1: two bf16 tiles, the next converted during QK);
+    ring of `stages` tiles, v-regs only, without the other options; ``first_burst``: its ``FIRST_BURST``, 0 = `stages`);
     see the module docstring."""
     import torch
     from triton.runtime.driver import driver
@@ -153,11 +151,6 @@ def compile_hopper(
                          "merge_max, ablate, and refills a stage once its tile is converted "
                          "(refill_after_pv=True)")  # fmt: skip
 
-    if not isinstance(convert_ahead, bool):
-        raise TypeError(f"convert_ahead must be True or False, got {convert_ahead!r}")
-    if convert_ahead and (variant != "v-conv" or stages != 1):
-        raise ValueError("convert_ahead is a knob of the v-conv path with one fp8 stage (stages=1)")
-
     driver.set_active(_Sm90Driver())
     kv_dtype = torch.bfloat16 if variant == "v-tile" else torch.float8_e4m3fn
     q_dtype = torch.bfloat16 if variant in ("v-tile", "v-conv") else torch.float8_e4m3fn
@@ -188,7 +181,7 @@ def compile_hopper(
                     one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16,
                     NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
                     LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", V_FROM_K=variant in ("v-tile", "v-conv"),
-                    KV_CONVERT=variant == "v-conv", CONVERT_AHEAD=convert_ahead,
+                    KV_CONVERT=variant == "v-conv",
                     WAIT_PRIOR=False, TIMELINE=timeline,
                     ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, FIRST_BURST=first_burst or stages,
                     WARP_XCHG=warp_exchange, INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True,

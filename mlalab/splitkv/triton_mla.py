@@ -215,8 +215,6 @@ class KernelConfig:
     with every SM's ring issued at once the first tile lands with the last of them); 0 = the whole ring at once;
     None (the default) = `HOPPER_FIRST_BURST` tiles when some CTA of the plan streams more tiles than that and the
     ring is deeper, else the whole ring (where the two issue the same tiles, the plain kernel runs).
-    ``hopper_convert_ahead`` (v-conv, a16w8): two bf16 tiles instead of one, so that the CUDA cores convert tile i+1
-    while the tensor cores score tile i; the fp8 ring then has room for one stage only (``hopper_stages`` None or 1).
     The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -240,7 +238,6 @@ class KernelConfig:
     hopper_block: int = 64
     hopper_warpgroups: int = 1
     hopper_first_burst: int | None = None
-    hopper_convert_ahead: bool = False
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -417,8 +414,6 @@ def hopper_ring(config: KernelConfig) -> int:
     knobs select (`HOPPER_DEFAULT_STAGES`, `HOPPER_MAX_STAGES_128`)."""
     if config.hopper_stages is not None:
         return config.hopper_stages
-    if config.hopper_convert_ahead:  # (two bf16 tiles leave room for one fp8 stage)
-        return 1
     if config.hopper_block == 128:
         return HOPPER_MAX_STAGES_128
     # ("auto" and two warpgroups run v-regs's ring)
@@ -611,9 +606,6 @@ class TritonDecoder:
             raise ValueError(f"hopper_first_burst must be None (auto), 0 (the whole ring at once) or 1 to "
                              f"hopper_stages - 1 = {stages - 1}, got {burst!r}")  # fmt: skip
         path = config.hopper_variant
-        if config.hopper_convert_ahead and (path != "v-conv" or stages != 1):
-            raise ValueError(f"hopper_convert_ahead is a knob of the v-conv path (a16w8) with a one-stage fp8 ring "
-                             f"(hopper_stages None or 1), got hopper_variant={path!r}, hopper_stages={stages}")  # fmt: skip
         if path in ONE_PATH_RULES:  # the 16-bit paths: one precision each, fewer knobs
             rule = ONE_PATH_RULES[path]
             if PRECISION_VARIANT.get(prepared.precision) != path:
@@ -735,7 +727,6 @@ class TritonDecoder:
             return dict(kw, RING=self.stages, WORKER_REGS=HOPPER_2WG_WORKER_REGS, num_warps=4)
         return dict(kw, NUM_STAGES=self.stages, V_IN_REGS=self.hopper_variant == "v-regs",
                     V_FROM_K=self.hopper_variant in ("v-tile", "v-conv"), KV_CONVERT=self.hopper_variant == "v-conv",
-                    CONVERT_AHEAD=c.hopper_convert_ahead,
                     ABLATE=HOPPER_ABLATIONS[c.hopper_ablate], REFILL_AFTER_PV=c.hopper_refill_after_pv,
                     Q_FIRST=c.hopper_q_first, FIRST_BURST=self.first_burst,
                     WARP_XCHG=c.hopper_warp_exchange, MERGE_MAX=self.merge_max, num_warps=self.block // 16)  # fmt: skip
