@@ -26,10 +26,10 @@ import torch
 import triton
 
 from mlalab.backends.triton import make_callable
-from mlalab.config import MLA, DecodeCase
+from mlalab.config import DecodeCase
 from mlalab.inputs import make_inputs
 from mlalab.io import write_rows_csv
-from mlalab.timing import copy_bandwidth, provenance, rotation_copies, time_callable
+from mlalab.timing import copy_bandwidth, kv_cache_bytes, provenance, rotation_copies, time_callable
 
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--reduce-before", default=None)
     ap.add_argument("--plan-block", type=int, default=None, help="the simple planner's block (default: the backend's)")
     ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--precision", default="a8w8", choices=("a8w8", "a16w8", "bf16"),
+                    help="a8w8 (v-regs), a16w8 (v-conv) or bf16 (v-tile); FlashMLA beside a8w8 and bf16")  # fmt: skip
     ap.add_argument("--ablations", action="store_true", help="also time the call with the QK / QK+PV compute skipped")
     ap.add_argument("--out-dir", default=None, help="writes profile.csv and timeline_events.csv there")
     a = ap.parse_args()
@@ -75,15 +77,16 @@ def main() -> None:
     rows, events = [], []
     for B, L in a.shapes:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
-        kv_bytes = B * L * MLA.qk_dim
-        n = rotation_copies(kv_bytes)
-        row: dict[str, object] = {"B": B, "L": L, "graph_node_us": round(empty1, 2), "two_nodes_us": round(empty2, 2)}
-        if not a.no_flashmla:
+        n = rotation_copies(kv_cache_bytes(B, L, a.precision))
+        row: dict[str, object] = {"B": B, "L": L, "precision": a.precision, "graph_node_us": round(empty1, 2),
+                                  "two_nodes_us": round(empty2, 2)}  # fmt: skip
+        if not a.no_flashmla and a.precision != "a16w8":  # (FlashMLA has no bf16-q / fp8-KV path)
             from mlalab.backends import get_backend
 
-            fcall, _ = get_backend("flashmla").make_callable(x, precision="a8w8", n_copies=n)
+            fcall, _ = get_backend("flashmla").make_callable(x, precision=a.precision, n_copies=n)
             row["flashmla_us"] = round(time_callable(fcall, n)["us_median"], 2)
-        call, info = make_callable(x, precision="a8w8", n_copies=n, kernel="hopper", plan_block=a.plan_block, **knobs)
+        call, info = make_callable(x, precision=a.precision, n_copies=n, kernel="hopper", plan_block=a.plan_block,
+                                   **knobs)  # fmt: skip
         dec, plan = info["decoder"], info["plan"]
         copies = info["kv_copies"]  # the ones `call` rotates through
         row["ran"] = dec.ran
@@ -99,7 +102,7 @@ def main() -> None:
             dec.K = new_k
         if a.ablations:
             for ablate, col in (("qk", "full_no_qk_us"), ("qk+pv", "full_no_qk_pv_us")):
-                acall, _ = make_callable(x, precision="a8w8", n_copies=n, kernel="hopper", plan_block=a.plan_block,
+                acall, _ = make_callable(x, precision=a.precision, n_copies=n, kernel="hopper", plan_block=a.plan_block,
                                          **{**knobs, "hopper_ablate": ablate})  # fmt: skip
                 acall(0)
                 row[col] = round(time_callable(acall, n)["us_median"], 2)

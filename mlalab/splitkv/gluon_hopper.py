@@ -251,25 +251,23 @@ def _zero_tail_rows(kn, n_valid, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr):
 #: e4m3fn codes -> bf16, 4 per instruction group, exact: a code's 7 magnitude bits shifted into a bf16's exponent and
 #: mantissa fields (and its sign into the sign bit) make the bf16 whose value is the code's times 2^-120 — normal and
 #: subnormal codes alike, since both formats lay the exponent above the mantissa — and one bf16x2 multiply by 2^120
-#: (0x7B80) scales it back without rounding. Integer and bf16x2 ops at full rate, where the compiler's per-code
-#: conversion (F2F, then F2FP) paced the a16w8 decode at ~3.7 µs per tile
-#: (data/profiles/h200_2026-12-03_ab_a16w8_v_conv.csv).
+#: (0x7B80) scales it back without rounding. Two byte permutes put codes 0, 1 (2, 3) in the high bytes of the two
+#: halves of a word (a code's sign lands on the bf16 sign bit), then per word: mask the magnitudes, shift them by 4,
+#: OR the signs back in (one LOP3, immLut 0xEC = (a & c) | b), multiply — 10 integer / bf16x2 instructions per 4 codes
+#: (session 12's first version took ~15; the compiler's per-code conversion, F2F then F2FP, paced the a16w8 decode at
+#: ~3.7 µs per tile, data/profiles/h200_2026-12-03_ab_a16w8_v_conv.csv).
 #: The NaN codes (0x7F, 0xFF) become ±480: a paged tail's unused slots are zeroed after the conversion, and the
 #: quantiser never writes NaN. (Checked for all 256 codes against torch's e4m3fn in tests/test_hopper_kernel.py.)
 _E4M3_TO_BF16 = gl.constexpr("""{
-.reg .b32 a, b, k;
-prmt.b32 a, $2, 0, 0x4140;
-prmt.b32 b, $2, 0, 0x4342;
-and.b32 k, a, 0x00800080;
-and.b32 a, a, 0x007F007F;
-shl.b32 a, a, 4;
-shl.b32 k, k, 8;
-or.b32 a, a, k;
-and.b32 k, b, 0x00800080;
-and.b32 b, b, 0x007F007F;
-shl.b32 b, b, 4;
-shl.b32 k, k, 8;
-or.b32 b, b, k;
+.reg .b32 a, b, t, u, k;
+prmt.b32 a, $2, 0, 0x1404;
+prmt.b32 b, $2, 0, 0x3424;
+and.b32 t, a, 0x7F007F00;
+and.b32 u, b, 0x7F007F00;
+shr.b32 t, t, 4;
+shr.b32 u, u, 4;
+lop3.b32 a, a, t, 0x80008000, 0xEC;
+lop3.b32 b, b, u, 0x80008000, 0xEC;
 mov.b32 k, 0x7B807B80;
 mul.rn.bf16x2 $0, a, k;
 mul.rn.bf16x2 $1, b, k;
