@@ -26,10 +26,12 @@ def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> Non
         df = load_experiment(name)
         raw = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / name)
         g = experiment_geomeans(df).set_index("variant")
-        # the reference: FlashMLA, else FlashInfer, else our portable kernel (a16w8 files without a peer)
-        ref = next(c for c in ("flashmla", "flashinfer", "portable") if c in raw.columns)
+        # the reference: FlashMLA, else FlashInfer, else our portable kernel (a16w8 files without a peer), else the
+        # first variant (an A/B of our variants alone)
+        timed = [c for c in raw.columns if c not in ("B", "L", "floor", "precision", *PROVENANCE_COLUMNS)]
+        ref = next((c for c in ("flashmla", "flashinfer", "portable") if c in raw.columns), timed[0])
         assert reference_column(df) == ref
-        for col in [c for c in raw.columns if c not in ("B", "L", "floor", "precision", *PROVENANCE_COLUMNS)]:
+        for col in timed:
             ok = raw[col].notna()
             want = np.exp(np.log(raw.loc[ok, col]).mean()) / np.exp(np.log(raw.loc[ok, ref]).mean())
             assert g.loc[col, "vs_reference"] == pytest.approx(want, rel=1e-12), (name, col)
@@ -90,8 +92,12 @@ def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
         load_experiment(3)  # type: ignore[arg-type]
     p = tmp_path / "bad_ab_1.csv"
     pd.DataFrame({"B": [4], "L": [1024], "v1": [5.0]}).to_csv(p, index=False)
-    with pytest.raises(ValueError, match="a reference: one of flashmla, flashinfer, portable"):
+    with pytest.raises(ValueError, match="needs a reference column .* or two variant columns.*; got v1"):
         load_experiment(str(p))
+    pd.DataFrame({"B": [4], "L": [1024], "v1": [5.0], "v2": [4.0]}).to_csv(p, index=False)
+    base = load_experiment(str(p))  # our variants alone: the first is the baseline
+    assert reference_column(base) == "v1" and peer_name(base) == "v1 (baseline) fp8"
+    assert experiment_geomeans(base).set_index("variant").loc["v2", "vs_reference"] == pytest.approx(0.8)
     pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "floor": [1.0]}).to_csv(p, index=False)
     with pytest.raises(ValueError, match="no variant column"):
         load_experiment(str(p))

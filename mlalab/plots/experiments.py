@@ -2,7 +2,7 @@
 
 Each ``data/profiles/*_ab_*.csv`` is one run of ``scripts/hopper_ab.py``: per competition shape (``B``, ``L``) a
 reference's µs — FlashMLA's (``flashmla``), else FlashInfer's (``flashinfer``), else our portable kernel's
-(``portable``; `reference_column`) —, one column of µs per variant of our sm_90 stage 1 (names as in the script's
+(``portable``), else the file's first variant, its baseline (`reference_column`) —, one column of µs per variant of our sm_90 stage 1 (names as in the script's
 ``VARIANTS``; what each one changes is listed in data/README.md, section profiles/), and ``floor`` = the shape's
 bytes over the copy bandwidth measured in that run. A file may carry ``precision`` (``a8w8``, the default, ``bf16`` or
 ``a16w8``: the peers then timed that precision, and the 0.65x goal, an a8w8 goal, is not drawn;
@@ -50,18 +50,29 @@ _REFERENCE_NAMES = {"flashmla": "FlashMLA", "flashinfer": "FlashInfer", "portabl
 _FLAVOURS = {"a8w8": "fp8", "bf16": "bf16", "a16w8": "a16w8"}
 
 
+def _timed_columns(df: pd.DataFrame) -> list[str]:
+    """Every column of µs: all but the shape, the floor, the file name, the precision and the provenance columns."""
+    return [c for c in df.columns if c not in (*_FIXED, "floor", "run", "precision", *PROVENANCE_COLUMNS)]
+
+
 def reference_column(df: pd.DataFrame) -> str:
-    """The column the file's ratios are taken against: ``flashmla``, else ``flashinfer``, else ``portable``."""
+    """The column the file's ratios are taken against: ``flashmla``, else ``flashinfer``, else ``portable``, else
+    (an A/B of our sm_90 variants alone, ``hopper_ab.py --peers ""``) the first variant column, the baseline."""
     for c in _REFERENCES:
         if c in df.columns:
             return c
-    raise ValueError(f"an experiment table needs one of the reference columns {', '.join(_REFERENCES)}")
+    timed = _timed_columns(df)
+    if len(timed) < 2:
+        raise ValueError(f"an experiment table needs a reference column ({', '.join(_REFERENCES)}) or two variant "
+                         f"columns, the first one the baseline; got {', '.join(timed) or 'none'}")  # fmt: skip
+    return timed[0]
 
 
 def peer_name(df: pd.DataFrame) -> str:
-    """What the file's reference column timed, e.g. FlashMLA fp8 (a8w8 files), FlashMLA bf16, FlashInfer a16w8 or our
-    portable kernel a16w8."""
-    return f"{_REFERENCE_NAMES[reference_column(df)]} {_FLAVOURS[_precision(df)]}"
+    """What the file's reference column timed, e.g. FlashMLA fp8 (a8w8 files), FlashMLA bf16, FlashInfer a16w8, our
+    portable kernel a16w8, or a baseline variant (``v-conv (baseline) a16w8``)."""
+    ref = reference_column(df)
+    return f"{_REFERENCE_NAMES.get(ref, ref + ' (baseline)')} {_FLAVOURS[_precision(df)]}"
 
 
 def _precision(df: pd.DataFrame) -> str:
@@ -86,9 +97,12 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
         raise FileNotFoundError(f"no experiment {name!r}; recorded: {', '.join(list_experiments(directory)) or 'none'}")
     df = pd.read_csv(path)
     missing = [c for c in _FIXED if c not in df.columns]
-    if missing or not any(c in df.columns for c in _REFERENCES):
-        raise ValueError(f"{path} lacks columns {missing or list(_REFERENCES)} (shape, and a reference: one of "
-                         f"{', '.join(_REFERENCES)}): not a scripts/hopper_ab.py table")  # fmt: skip
+    if missing:
+        raise ValueError(f"{path} lacks columns {missing} (the shape): not a scripts/hopper_ab.py table")
+    try:
+        reference_column(df)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     if not _variants(df):
         raise ValueError(f"{path} has no variant column besides {', '.join(_FIXED)} and floor")
     if "precision" in df.columns and (df["precision"].nunique() != 1 or df["precision"].iloc[0] not in _FLAVOURS):
@@ -103,7 +117,7 @@ def load_experiment(name: str, directory: str = PROFILE_DIR) -> pd.DataFrame:
 def _variants(df: pd.DataFrame) -> list[str]:
     """The variant columns: all but the shape, the reference, the floor, the file name and the provenance columns."""
     ref = reference_column(df)
-    return [c for c in df.columns if c not in (*_FIXED, ref, "floor", "run", "precision", *PROVENANCE_COLUMNS)]
+    return [c for c in _timed_columns(df) if c != ref]
 
 
 def experiment_geomeans(df: pd.DataFrame) -> pd.DataFrame:
@@ -125,9 +139,11 @@ def _check(df: object) -> None:
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"df must be a pandas DataFrame (load_experiment), got {type(df).__name__}")
     missing = [c for c in _FIXED if c not in df.columns]
-    if missing or not any(c in df.columns for c in _REFERENCES) or df.empty or not _variants(df):
+    timed = _timed_columns(df)
+    has_ref = any(c in df.columns for c in _REFERENCES) or len(timed) >= 2
+    if missing or not has_ref or df.empty or not _variants(df):
         raise ValueError(f"df must be an experiment table with rows, {', '.join(_FIXED)}, a reference column (one of "
-                         f"{', '.join(_REFERENCES)}) and variant columns")  # fmt: skip
+                         f"{', '.join(_REFERENCES)}, else its first variant) and variant columns")  # fmt: skip
 
 
 def experiment_figure(df: pd.DataFrame, goal: float = 0.65) -> go.Figure:

@@ -254,8 +254,9 @@ def _zero_tail_rows(kn, n_valid, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr):
 #: (0x7B80) scales it back without rounding. Two byte permutes put codes 0, 1 (2, 3) in the high bytes of the two
 #: halves of a word (a code's sign lands on the bf16 sign bit), then per word: mask the magnitudes, shift them by 4,
 #: OR the signs back in (one LOP3, immLut 0xEC = (a & c) | b), multiply — 10 integer / bf16x2 instructions per 4 codes
-#: (session 12's first version took ~15; the compiler's per-code conversion, F2F then F2FP, paced the a16w8 decode at
-#: ~3.7 µs per tile, data/profiles/h200_2026-12-03_ab_a16w8_v_conv.csv).
+#: (session 12's first version took ~15, equally fast: 37.0 vs 37.2 µs geomean, data/profiles/h200_2026-12-03s13_a16w8_
+#: conv10_times.csv; the compiler's per-code conversion, F2F then F2FP, 45.0, data/profiles/h200_2026-12-03_ab_a16w8_
+#: v_conv.csv). The conversion still costs ~1.3 µs per tile (h200_2026-12-03s13_a16w8_profile.csv against the bf16 one).
 #: The NaN codes (0x7F, 0xFF) become ±480: a paged tail's unused slots are zeroed after the conversion, and the
 #: quantiser never writes NaN. (Checked for all 256 codes against torch's e4m3fn in tests/test_hopper_kernel.py.)
 _E4M3_TO_BF16 = gl.constexpr("""{
