@@ -2,11 +2,11 @@
 
 Each ``data/profiles/*_ab_*.csv`` is one run of ``scripts/hopper_ab.py``: per competition shape (``B``, ``L``) a
 reference's µs — FlashMLA's (``flashmla``), else FlashInfer's (``flashinfer``), else our portable kernel's
-(``portable``), else the file's first variant, its baseline (`reference_column`) —, one column of µs per variant of our sm_90 stage 1 (names as in the script's
-``VARIANTS``; what each one changes is listed in data/README.md, section profiles/), and ``floor`` = the shape's
-bytes over the copy bandwidth measured in that run. A file may carry ``precision`` (``a8w8``, the default, ``bf16`` or
-``a16w8``: the peers then timed that precision, and the 0.65x goal, an a8w8 goal, is not drawn;
-``hopper_ab.py --precision``).
+(``portable``), else the file's first variant, its baseline (`reference_column`) —, one column of µs per variant
+of our sm_90 stage 1 (names as in the script's ``VARIANTS``; what each one changes is listed in data/README.md,
+section profiles/), and ``floor`` = the shape's bytes over the copy bandwidth measured in that run. A file may
+carry ``precision`` (``a8w8``, the default, ``bf16`` or ``a16w8``: the peers then timed that precision, and the 0.65x
+goal, an a8w8 goal, is not drawn; ``hopper_ab.py --precision``).
 A variant that failed at a shape has an empty cell. Because
 every column of a file comes from the same process, minutes apart, ratios *within* a file are what to compare;
 the same variant in two files can differ by the run-to-run spread (up to 10-15 % on the longest shapes).
