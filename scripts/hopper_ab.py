@@ -83,6 +83,13 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # busy CTAs, each with more tiles, spread over the grid of one CTA per SM
     "pb128": (1, dict(plan_block=128)),
     "pb256": (1, dict(plan_block=256)),
+    # fp16 partials in KV code units (`KernelConfig.hopper_partials`): half the bytes stored and merged
+    "p16": (1, dict(hopper_partials="fp16")),
+    "v-conv-p16": (1, dict(hopper_variant="v-conv", hopper_partials="fp16")),
+    # the reduce in Gluon (partials in registers and across warps), with fp32 / fp16 partials
+    "gr": (1, dict(hopper_reduce="gluon")),
+    "p16gr": (1, dict(hopper_partials="fp16", hopper_reduce="gluon")),
+    "v-conv-p16gr": (1, dict(hopper_variant="v-conv", hopper_partials="fp16", hopper_reduce="gluon")),
 }
 
 
@@ -152,7 +159,7 @@ def check(name: str, sms: int, precision: str = "a8w8") -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--peers", default="flashmla")
+    ap.add_argument("--peers", default="flashmla", help="peer backends timed beside, comma-separated; 'none': none")
     ap.add_argument("--shapes", default=None, help="e.g. 4x1024,128x8192 (default: the 12 competition shapes)")
     ap.add_argument("--precision", default="a8w8", choices=("a8w8", "a16w8", "bf16"),
                     help="a8w8 (FlashMLA fp8 beside), bf16 (FlashMLA bf16 beside) or a16w8 (no FlashMLA path: name "
@@ -177,7 +184,7 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
     rows = []
-    peers = [p for p in a.peers.split(",") if p]
+    peers = [p for p in a.peers.split(",") if p and p != "none"]
     for B, L in shapes:
         x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
         n = rotation_copies(kv_cache_bytes(B, L, a.precision))

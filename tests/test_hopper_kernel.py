@@ -111,6 +111,13 @@ def test_refusals_name_the_reason() -> None:
                   dict(hopper_refill_after_pv=False)):  # fmt: skip
         with pytest.raises(ValueError, match="'v-conv' \\(a16w8\\) runs 64-token tiles .* at most 2 fp8 tiles"):
             TritonDecoder(a16, plan, config=KernelConfig(**knobs))  # ("auto": v-conv for a16w8)
+    # fp16 partials hold V in fp8 code units: fp8 KV only, not with the in-stage-1 merge (it reads fp32)
+    with pytest.raises(ValueError, match="hopper_partials='fp16' holds V in units of its fp8 codes: a8w8 and a16w8"):
+        TritonDecoder(bf16, plan, config=KernelConfig(hopper_partials="fp16"))
+    with pytest.raises(ValueError, match="hopper_partials='fp16' with hopper_merge_splits"):
+        TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_partials="fp16", hopper_merge_splits=2))
+    with pytest.raises(ValueError, match="hopper_partials must be one of 'auto', 'fp32', 'fp16', got 'bf16'"):
+        TritonDecoder(prepare(x, "a8w8"), plan, config=KernelConfig(hopper_partials="bf16"))
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -218,6 +225,43 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_cop
         assert int(stg64) >= (32 if variant != "v-regs-128" else 16), out
         # the LSE's log2 on the SFU (one per head column a thread holds), not Triton's software log2
         assert int(lg2) >= 4, out
+
+
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+@pytest.mark.parametrize("triton_copy", ["environment", "h200"])
+def test_fp16_partials_and_the_gluon_reduce_compile_for_sm90(triton_copy: str) -> None:
+    """fp16 partials (`hopper_partials`): stage 1 stores each row's 4 heads (column order) as one 8-byte vector (16
+    per thread; the natural head order gave 4-byte half-sector stores, ~0.5 us slower on the H200), no spills. The
+    Gluon reduce at every launch shape, fp32 and fp16 partials: no local memory, at most 40 shuffles (the Triton
+    reduce's shuffle trees: 144 in fp32 and 344 in fp16 at 16 partials, the reason it exists)."""
+    env = _compile_env(triton_copy)
+    body = (
+        "import triton; print('V', triton.__version__)\n"
+        "from mlalab.splitkv.sm90_build import compile_reduce\n"
+        "for v in ('vt-smem', 'v-regs'):\n"
+        "  for part in ('fp32', 'fp16'):\n"
+        "    r = compile_hopper(3, variant=v, partials=part)\n"
+        "    stg = r.sass.get('STG.E.64', 0), r.sass.get('STG.E', 0)\n"
+        "    print('R', 'stage1', v, part, r.registers, r.stack_bytes, *stg)\n"
+        "for mp in (1, 2, 3, 4, 8, 9, 16, 33, 64, 200):\n"
+        "  for part in ('fp32', 'fp16'):\n"
+        "    r = compile_reduce(mp, part)\n"
+        "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
+        "    print('R', 'reduce', mp, part, r.registers, r.stack_bytes, local, r.sass.get('SHFL', 0))\n"
+    )
+    out, rows = _compile_rows(body, env)
+    if triton_copy == "h200":
+        assert "V 3.6." in out, out[:200]
+    stage1 = {(v, part): tuple(map(int, rest)) for _, kind, v, part, *rest in rows if kind == "stage1"}
+    assert len(stage1) == 4, out
+    for (_v, part), (regs, stack, stg64, stg32) in stage1.items():
+        assert regs <= 255 and stack == 0, out
+        if part == "fp16":  # 16 rows x one 8-byte vector of 4 heads (and no 4-byte partial stores: <= 8 others)
+            assert stg64 >= 16 and stg32 <= 8, out
+    reduce_rows = [tuple(map(int, (r[2], *r[4:]))) for r in rows if r[1] == "reduce"]
+    assert len(reduce_rows) == 20, out
+    for _mp, regs, stack, local, shfl in reduce_rows:
+        assert regs <= 255 and stack == 0 and local == 0 and shfl <= 40, out
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
@@ -412,6 +456,26 @@ def test_cta_info_rows_and_variant_choice() -> None:
     assert "multiple of 128" in hopper_unsupported(paged, None, block=128)
 
 
+@pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))
+def test_gluon_reduce_launch_shape() -> None:
+    """All of a tile's partials in one block load up to 64 (further blocks beyond), 16 partial values per thread
+    (in registers up to 8 partials, then across 2 lanes and the warps), every program a whole number of 16-head rows
+    of the 512 value dims; bad counts refused."""
+    from mlalab.splitkv.gluon_reduce import launch_shape
+
+    assert launch_shape(1) == launch_shape(2) == {"BLOCK_P": 2, "DPT": 8, "LP": 1, "num_warps": 1}
+    assert launch_shape(8) == {"BLOCK_P": 8, "DPT": 2, "LP": 1, "num_warps": 1}
+    assert launch_shape(9) == launch_shape(16) == {"BLOCK_P": 16, "DPT": 1, "LP": 2, "num_warps": 1}
+    assert launch_shape(33) == launch_shape(500) == {"BLOCK_P": 64, "DPT": 1, "LP": 2, "num_warps": 4}
+    for n in range(1, 70):
+        s = launch_shape(n)
+        per_thread = s["BLOCK_P"] // (s["LP"] * s["num_warps"])
+        assert s["BLOCK_P"] >= min(n, 64) and per_thread * s["DPT"] * 4 <= 64 and 512 % (s["DPT"] * 8 // s["LP"]) == 0
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="max_partials must be an int >= 1"):
+            launch_shape(bad)
+
+
 def test_first_burst_rule() -> None:
     """``hopper_first_burst``: None issues `HOPPER_FIRST_BURST` tiles at the start only where a CTA streams more tiles
     than that through a deeper ring (one warpgroup); elsewhere, and for 0, the whole ring; an explicit count stays."""
@@ -513,6 +577,14 @@ _CONFIGS = {
     "v-regs-5-stages-burst-4": KernelConfig(hopper_variant="v-regs", hopper_stages=5, hopper_first_burst=4),
     "v-regs-block128-burst-1": KernelConfig(hopper_block=128, hopper_stages=2, hopper_first_burst=1),
     "v-regs-merge-4-burst-1": KernelConfig(hopper_variant="v-regs", hopper_merge_splits=4, hopper_first_burst=1),
+    # fp16 partials in KV code units (the reduce applies the KV scale)
+    "v-regs-fp16-partials": KernelConfig(hopper_variant="v-regs", hopper_partials="fp16"),
+    "vt-smem-fp16-partials": KernelConfig(hopper_variant="vt-smem", hopper_partials="fp16"),
+    "v-regs-2wg-fp16-partials": KernelConfig(hopper_warpgroups=2, hopper_stages=4, hopper_partials="fp16"),
+    # each reduce with the other partial type (the defaults pair fp16 with the Gluon reduce, fp32 with the Triton one)
+    "v-regs-fp16-partials-triton-reduce": KernelConfig(hopper_partials="fp16", hopper_reduce="triton"),
+    "v-regs-fp32-partials-gluon-reduce": KernelConfig(hopper_partials="fp32", hopper_reduce="gluon"),
+    "v-regs-fp32-partials-triton-reduce": KernelConfig(hopper_partials="fp32", hopper_reduce="triton"),
 }
 
 
@@ -713,6 +785,7 @@ _A16W8_CONFIGS = {
     "v-conv": KernelConfig(),
     "v-conv-1-stage": KernelConfig(hopper_stages=1),
     "v-conv-burst-1": KernelConfig(hopper_first_burst=1),
+    "v-conv-fp16-partials": KernelConfig(hopper_partials="fp16"),
 }
 
 
@@ -738,7 +811,7 @@ def test_gpu_16bit_paths_every_planner_ragged_long_empty_and_paged_with_nan(plan
         x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
         p = prepare(x, precision)
         dec = TritonDecoder(p, build_plan(x, planner, 132), config=cfg)
-        assert dec.kernel == "hopper" and dec.hopper_variant == path and dec.ran == f"hopper:{path}"
+        assert dec.kernel == "hopper" and dec.hopper_variant == path and dec.ran.startswith(f"hopper:{path}")
         _check_against_reference(p, build_plan(x, planner, 132), config=cfg)
     lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
     x = make_inputs(DecodeCase(kv_lens=lens, page_size=64, permute_pages=True, seed=9)).to("cuda")
@@ -787,6 +860,41 @@ def test_gpu_16bit_error_like_the_portable_kernel_and_launch_options_agree(preci
         few = build_plan(x, planner, slots)
         assert int(few.work_indptr.diff().max()) >= 2
         _check_against_reference(p, few, config=KernelConfig(**vt))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("precision", ["a8w8", "a16w8"])
+@pytest.mark.parametrize("amax", [1.0, 1e6])
+def test_gpu_fp16_partials_match_fp32_ones_whatever_the_kv_scale(precision: str, amax: float) -> None:
+    """fp16 partials (`hopper_partials`) hold V in fp8 code units, so KV values up to 1e6 (partials far past fp16's
+    65504 if they carried the scale) still decode; the output is within 2e-3 (rel-L2) of the fp32 partials' one (a
+    partial's fp16 rounding, <= 2^-12 relative, flips some of the bf16 output's roundings: ~8e-4 expected) and the
+    LSE equal (it stays fp32), on a batch whose requests split into 2 to 33 partials."""
+    from mlalab.backends.triton import build_plan
+
+    x0 = make_inputs(DecodeCase(kv_lens=(*ragged_kv_lens(12, 3000, seed=11), 8192, 64), seed=12)).to("cuda")
+    x = dataclasses.replace(x0, kv_buffer=x0.kv_buffer * (amax / float(x0.kv_buffer.abs().max())))
+    p = prepare(x, precision)
+    plan = build_plan(x, "simple", 132)
+    assert int((plan.reduce_indptr.diff() >= 2).sum()) >= 2  # split requests go through the reduce
+    base_dec = TritonDecoder(p, plan, config=KernelConfig(hopper_partials="fp32", hopper_reduce="triton"))
+    assert base_dec.part_o.dtype == torch.float32 and base_dec.gluon_reduce is None
+    base, base_lse = base_dec()
+    dec = TritonDecoder(p, plan, config=KernelConfig(hopper_partials="fp16"))
+    assert dec.part_o.dtype == torch.float16 and dec.ran.endswith("+fp16-partials+gluon-reduce")
+    # "auto": fp16 with >= HOPPER_FP16_MIN_SPLIT_TILES split tiles (14 here), fp32 with fewer (4 requests)
+    assert TritonDecoder(p, plan).part_o.dtype == torch.float16
+    x4 = make_inputs(DecodeCase(kv_lens=(1024,) * 4, seed=12)).to("cuda")
+    assert TritonDecoder(prepare(x4, precision), build_plan(x4, "simple", 132)).part_o.dtype == torch.float32
+    out, lse = _poisoned_run(dec)
+    assert torch.isfinite(out).all() and float(out.abs().max()) > 0.1 * amax
+    assert _rel(out.cpu(), base.cpu().double()) <= 2e-3
+    # (the two reduces compute the LSE in different orders: equal to fp32 rounding)
+    assert torch.allclose(lse, base_lse, rtol=1e-6, atol=2e-5), float((lse - base_lse).abs().max())
+    # against the fp64 reference on the inputs as made (rescaled ones break the check's premise, not the kernel: at
+    # amax 1 the a8w8 rounding of P alone is ~1e-2 off the reference, with fp32 partials as with fp16)
+    _check_against_reference(prepare(x0, precision), plan, config=KernelConfig(hopper_partials="fp16"))
 
 
 @pytest.mark.gpu

@@ -367,9 +367,18 @@ _REDUCE = textwrap.dedent(
     split = torch.tensor([0, 1], dtype=torch.int32)
     out = torch.full((3, H, DV), 7.0)
     lse = torch.full((3, H), 7.0)
-    head_minor = {head_minor}
+    head_minor, fp16 = {head_minor}, {fp16}
+    v_scale = torch.tensor([0.37])  # fp16 partials hold V in code units: the reduce applies the KV scale
+    if fp16:
+        part_o = part_o.half().float()  # what the kernel can see (the reference merges the same values)
     stored = part_o.transpose(1, 2).contiguous() if head_minor else part_o  # (P, DV, H): the sm_90 stage 1's
-    K.reduce_kernel[(2, DV // 16)](stored, part_lse, indptr, final_map, pmap, split, out, lse,
+    stored_lse = part_lse
+    if fp16:  # head h at column HEAD_MINOR_COLUMN[h], the LSEs too
+        col = torch.tensor(K.HEAD_MINOR_COLUMN)
+        stored = torch.empty_like(stored).index_copy_(2, col, stored).half()
+        stored_lse = torch.empty_like(part_lse).index_copy_(1, col, part_lse)
+        assert sorted(K.HEAD_MINOR_COLUMN) == list(range(16)) and K.HEAD_MINOR_COLUMN[9] == 3
+    K.reduce_kernel[(2, DV // 16)](stored, stored_lse, indptr, final_map, pmap, split, out, lse, v_scale,
                                    out.stride(0), out.stride(1), H=H, DV=DV, BLOCK_DV=16, BLOCK_P=32,
                                    HEAD_MINOR=head_minor, USE_PDL=False, CHAIN=False, num_warps=4)
     ref_o, ref_l = torch.zeros(3, H, DV, dtype=torch.float64), torch.full((3, H), float("-inf"), dtype=torch.float64)
@@ -381,7 +390,7 @@ _REDUCE = textwrap.dedent(
             tot = torch.logsumexp(L, 0)
             if torch.isfinite(tot).all():
                 w = torch.exp(L - tot)
-                ref_o[q] = (w[:, :, None] * part_o[first + u].double()).sum(0)
+                ref_o[q] = (w[:, :, None] * part_o[first + u].double()).sum(0) * (0.37 if fp16 else 1.0)
                 ref_l[q] = tot
     e = float((out[:2].double() - ref_o[:2]).norm() / ref_o[:2].norm())
     assert torch.equal(out[2], torch.zeros(H, DV)), "all-empty tile must give 0"
@@ -392,12 +401,15 @@ _REDUCE = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("head_minor", [False, True], ids=["head-major", "head-minor"])
-def test_interpreter_reduce_many_partials_and_empty_ones(head_minor: bool) -> None:
-    """The reduce alone, for both partial layouts (portable stage 1: (P, H, DV); sm_90: (P, DV, H)): >32 partials
-    (two block loads merged online), -inf partials, a 2-row tile, an all-empty tile; vs a float64 logsumexp merge."""
+@pytest.mark.parametrize(
+    ("head_minor", "fp16"), [(False, False), (True, False), (True, True)], ids=["head-major", "head-minor", "fp16"]
+)
+def test_interpreter_reduce_many_partials_and_empty_ones(head_minor: bool, fp16: bool) -> None:
+    """The reduce alone, for both partial layouts (portable stage 1: (P, H, DV); sm_90: (P, DV, H)) and the sm_90's
+    fp16 partials in KV code units (the reduce applies the KV scale): >32 partials (two block loads merged online),
+    -inf partials, a 2-row tile, an all-empty tile; vs a float64 logsumexp merge of the same values."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    code = _REDUCE.format(root=ROOT, head_minor=head_minor)
+    code = _REDUCE.format(root=ROOT, head_minor=head_minor, fp16=fp16)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     err = float(r.stdout.strip().splitlines()[-1].split()[1])

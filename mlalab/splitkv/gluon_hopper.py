@@ -86,6 +86,7 @@ from .gluon_hopper_vreg import (
     VT_ROW_BITS,
     _normaliser,
     _p_operand,
+    _partial_value_scale,
     _pv_operand,
     _store_partial_head_minor,
     _store_work_vregs,
@@ -303,7 +304,7 @@ def _store_work_vt(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, parti
                    H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, NATURAL: gl.constexpr = False):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE. Row m of Oᵀ
     holds value dim π(m) (the vt-smem path's Vᵀ order), or dim m with ``NATURAL`` (V read from the K tile)."""
-    lse, scale = _normaliser(m_i, l_sum, v_scale)  # an empty work (0 tokens): output 0, LSE -inf
+    lse, scale = _normaliser(m_i, l_sum, _partial_value_scale(v_scale, partial_loc, PART_O))  # empty: 0, LSE -inf
     o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
         # Oᵀ row m holds value dim π(m); π only permutes bits 0-6, so un-permuting is a relabelling, and rows

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.runtime.jit import constexpr_function
 
 __all__: list[str] = []  # helpers of `gluon_hopper.stage1_kernel` (``V_IN_REGS=True``); no kernel of its own
 
@@ -167,10 +168,20 @@ def _p_operand(p, fp8: gl.constexpr, NQ: gl.constexpr, BLOCK_N: gl.constexpr = 6
 
 
 @gluon.jit
+def _partial_value_scale(v_scale, partial_loc, PART_O):
+    """The factor of V in what a work stores: the KV scale, except in 16-bit partials (``PART_O`` fp16,
+    `KernelConfig.hopper_partials`), which hold V in units of its fp8 codes (|o| <= the fp8 maximum, no fp16
+    overflow whatever the scale): the reduce applies the scale once."""
+    if PART_O.dtype.element_ty == gl.float16:
+        return gl.where(partial_loc < 0, v_scale, 1.0)
+    return v_scale
+
+
+@gluon.jit
 def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, partial_loc, qo_start,
                 H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, BLOCK_N: gl.constexpr = 64):  # fmt: skip
     """Normalise one work's Oᵀ (512, NQ) and write it: final bf16 output + LSE, or fp32 partial + LSE."""
-    lse, scale = _normaliser(m_i, l_sum, v_scale)
+    lse, scale = _normaliser(m_i, l_sum, _partial_value_scale(v_scale, partial_loc, PART_O))
     o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
         if BLOCK_N == 128:  # m = (d2 d1, d4, d8 d7, d0, d5, d6, d3) -> natural d
@@ -193,19 +204,45 @@ def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, pa
         _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, ROW_BITS, D_NOPE, NQ)
 
 
+@constexpr_function
+def _columns_first(layout):  # noqa: ANN001, ANN202
+    """`layout` (a `gl.DistributedLinearLayout` of a 2-D tensor) with its register bases along dim 1 first: the same
+    elements in each thread, its registers renamed so that a row's columns are consecutive registers (what a vector
+    store needs)."""
+    cols = [b for b in layout.reg_bases if b[0] == 0]
+    rows = [b for b in layout.reg_bases if b[0] != 0]
+    return gl.DistributedLinearLayout(reg_bases=cols + rows, lane_bases=layout.lane_bases,
+                                      warp_bases=layout.warp_bases, block_bases=layout.block_bases,
+                                      shape=layout.shape)  # fmt: skip
+
+
 @gluon.jit
 def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.constexpr, D_NOPE: gl.constexpr,
                               NQ: gl.constexpr):  # fmt: skip
-    """An fp32 partial stored head-minor, rows ``base .. base + NQ`` of PART_LSE and element (d, n) of the partial
-    at ``PART_O[base·D_NOPE + d·NQ + n]`` ((rows, 512, 16), what the reduce reads with ``HEAD_MINOR``), straight
-    from the wgmma accumulator: a thread holds 2 adjacent heads of a row (one 8-byte store) and a warp instruction
-    fills 8 whole 32-byte sectors, so no layout conversion and no shared-memory round trip. Row m goes to the
-    value dim whose bits `ROW_BITS` gives."""
+    """A partial stored head-minor, rows ``base .. base + NQ`` of PART_LSE and element (d, n) of the partial at
+    ``PART_O[base·D_NOPE + d·NQ + n]`` ((rows, 512, 16), what the reduce reads with ``HEAD_MINOR``), straight from
+    the wgmma accumulator, no layout conversion and no shared-memory round trip. Row m goes to the value dim whose
+    bits `ROW_BITS` gives.
+
+    fp32: a thread holds 2 adjacent heads of a row (one 8-byte store) and a warp instruction fills 8 whole 32-byte
+    sectors. fp16 (`KernelConfig.hopper_partials`): that order would write half sectors (16 bytes per quad of lanes,
+    the other half by the next instruction), which the H200 took ~0.5 us longer to store than the fp32 partials; so
+    the heads go in the column order of `triton_decode.HEAD_MINOR_COLUMN` (head 8j + 2i + b at column 4i + 2j + b,
+    the LSEs too): the 4 heads a thread holds side by side, one 8-byte store per row, a whole 32-byte row per quad."""
+    offs_l = gl.arange(0, NQ, layout=lse.type.layout)
+    if PART_O.dtype.element_ty == gl.float16:
+        gl.static_assert(NQ == 16, "the fp16 partials' column order is written for 16 heads")
+        # a relabelling (register and lane bits change places in the layout): column 4i + 2j + b <- head 8j + 2i + b
+        o = o.reshape([D_NOPE, 2, 4, 2]).permute([0, 2, 1, 3]).reshape([D_NOPE, NQ])
+        o = gl.convert_layout(o, _columns_first(o.type.layout))  # (registers renamed: one 8-byte vector per row)
+        lse_at = 4 * ((offs_l >> 1) & 3) + 2 * (offs_l >> 3) + (offs_l & 1)
+    else:
+        lse_at = offs_l
     L: gl.constexpr = o.type.layout
     offs_m = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, L))
     d = gl.zeros_like(offs_m)
     for i in gl.static_range(9):
         d = d | (((offs_m >> i) & 1) << ROW_BITS[i])
     offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, L))
-    gl.store(PART_O + base * D_NOPE + d[:, None] * NQ + offs_n[None, :], o)
-    gl.store(PART_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)
+    gl.store(PART_O + base * D_NOPE + d[:, None] * NQ + offs_n[None, :], o.to(PART_O.dtype.element_ty))
+    gl.store(PART_LSE + base + lse_at, lse)

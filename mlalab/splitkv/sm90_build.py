@@ -92,6 +92,7 @@ def compile_hopper(
     block: int = 64,
     warpgroups: int = 1,
     first_burst: int = 0,
+    partials: str = "fp32",
 ) -> BuildReport:
     """Compile the sm_90 stage 1 (`gluon_hopper`) on its `variant` path (``vt-smem`` or ``v-regs`` on fp8 inputs,
     ``v-tile`` on bf16: the PV reads Vᵀ from the K tile, 64-token tiles, none of the options below; ``v-conv`` on bf16 q
@@ -100,7 +101,8 @@ def compile_hopper(
     real kernel; ``refill_after_pv``: its ``REFILL_AFTER_PV``; ``q_first``: its ``Q_FIRST``; ``warp_exchange``: its
     ``WARP_XCHG``; ``merge_max``: its ``MERGE_MAX``, 0 or a power of two; ``block``: its ``BLOCK_N``, 64 (one warpgroup)
     or 128 (two, v-regs only); ``warpgroups=2``: `gluon_hopper_2wg`, two warpgroups on alternate tiles sharing a
-    ring of `stages` tiles, v-regs only, without the other options; ``first_burst``: its ``FIRST_BURST``, 0 = `stages`);
+    ring of `stages` tiles, v-regs only, without the other options; ``first_burst``: its ``FIRST_BURST``, 0 = `stages`;
+    ``partials``: the partial outputs' type, ``"fp32"`` or ``"fp16"`` (`KernelConfig.hopper_partials`, fp8 KV only));
     see the module docstring."""
     import torch
     from triton.runtime.driver import driver
@@ -151,6 +153,9 @@ def compile_hopper(
                          "merge_max, ablate, and refills a stage once its tile is converted "
                          "(refill_after_pv=True)")  # fmt: skip
 
+    if partials not in ("fp32", "fp16") or (partials == "fp16" and (variant == "v-tile" or merge_max)):
+        raise ValueError(f"partials must be 'fp32' or 'fp16' (fp8 KV, no merge_max), got {partials!r} on {variant}")
+
     driver.set_active(_Sm90Driver())
     kv_dtype = torch.bfloat16 if variant == "v-tile" else torch.float8_e4m3fn
     q_dtype = torch.bfloat16 if variant in ("v-tile", "v-conv") else torch.float8_e4m3fn
@@ -158,7 +163,11 @@ def compile_hopper(
     kv = torch.zeros(4096, 576, dtype=kv_dtype)
     i32 = lambda n: torch.zeros(n, dtype=torch.int32)
     out, lse = torch.zeros(4, 16, 512, dtype=torch.bfloat16), torch.zeros(4, 16)
-    po, pl, one = torch.zeros(8, 16, 512), torch.zeros(8, 16), torch.ones(1)
+    po, pl, one = (
+        torch.zeros(8, 16, 512, dtype=getattr(torch, {"fp32": "float32", "fp16": "float16"}[partials])),
+        torch.zeros(8, 16),
+        torch.ones(1),
+    )
     printed = io.StringIO()
     old_cache = os.environ.get("TRITON_CACHE_DIR")
     cache = tempfile.mkdtemp(prefix="mlalab-sm90-")  # a fresh cache: a cached kernel would skip static_print
@@ -210,6 +219,55 @@ def compile_hopper(
         stack_bytes=int(stack.group(1)),
         shared_bytes=int(ck.metadata.shared),
         bank_conflicts=conflicts,
+        sass=sass_counts(sass.stdout),
+    )
+
+
+def compile_reduce(max_partials: int, partials: str = "fp32") -> BuildReport:
+    """Compile the Gluon reduce (`gluon_reduce`, ``KernelConfig.hopper_reduce="gluon"``) for sm_90 at the launch shape
+    `gluon_reduce.launch_shape` picks for tiles of at most `max_partials` partials, on ``"fp32"`` or ``"fp16"``
+    partials; ``stages`` in the report is BLOCK_P, ``bank_conflicts`` empty."""
+    import torch
+    from triton.runtime.driver import driver
+
+    from . import gluon_reduce as R
+
+    if partials not in ("fp32", "fp16"):
+        raise ValueError(f"partials must be 'fp32' or 'fp16', got {partials!r}")
+    shape = R.launch_shape(max_partials)
+    driver.set_active(_Sm90Driver())
+    i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
+    po = torch.zeros(64, 512, 16, dtype=torch.float16 if partials == "fp16" else torch.float32)
+    old_cache = os.environ.get("TRITON_CACHE_DIR")
+    cache = tempfile.mkdtemp(prefix="mlalab-sm90-")
+    os.environ["TRITON_CACHE_DIR"] = cache
+    try:
+        ck = R.reduce_kernel.warmup(
+            po, torch.zeros(64, 16), i32(9), i32(16), i32(64), i32(8), torch.zeros(4, 16, 512, dtype=torch.bfloat16),
+            torch.zeros(4, 16), torch.ones(1), 8192, 512, H=16, DV=512, USE_PDL=True, CHAIN=False, grid=(1,), **shape,
+        )  # fmt: skip
+    finally:
+        if old_cache is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old_cache
+        shutil.rmtree(cache, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(ck.asm["cubin"])
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True)
+    regs = re.search(r"REG:(\d+)", res.stdout)
+    stack = re.search(r"STACK:(\d+)", res.stdout)
+    if regs is None or stack is None:
+        raise RuntimeError(f"cannot read cuobjdump's resource usage: {res.stdout[:500]!r}")
+    return BuildReport(
+        stages=shape["BLOCK_P"],
+        registers=int(regs.group(1)),
+        stack_bytes=int(stack.group(1)),
+        shared_bytes=int(ck.metadata.shared),
+        bank_conflicts=(),
         sass=sass_counts(sass.stdout),
     )
 

@@ -63,7 +63,12 @@ try:  # programmatic dependent launch (sm_90+): the reduce waits for stage 1's w
 except ImportError:  # a Triton without it: the reduce is then launched plainly (USE_PDL False)
     gdc_wait = gdc_launch_dependents = None
 
-__all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET"]
+__all__ = ["stage1_kernel", "reduce_kernel", "INTERPRET", "HEAD_MINOR_COLUMN"]
+
+#: fp16 head-minor partials (the sm_90 stage 1 with `KernelConfig.hopper_partials` "fp16") keep head ``h`` at column
+#: ``HEAD_MINOR_COLUMN[h]`` of their (rows, 512, 16) rows and of their LSE rows (h = 8j + 2i + b -> 4i + 2j + b): the 4
+#: heads one thread of the wgmma accumulator holds side by side, so that stage 1 stores whole 32-byte sectors.
+HEAD_MINOR_COLUMN = tuple(4 * ((h >> 1) & 3) + 2 * (h >> 3) + (h & 1) for h in range(16))
 
 #: True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``): the interpreter computes bf16
 #: ``tl.dot`` wrongly (see research/triton_interpreter.md), so the launcher upcasts bf16 dots to fp32 there.
@@ -443,7 +448,9 @@ def _stage1_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    PART_O,  # fp32 partial outputs: (P, H, DV), or (P, DV, H) with HEAD_MINOR (the sm_90 stage 1's layout)
+    PART_O,  # partial outputs: (P, H, DV), or (P, DV, H) with HEAD_MINOR (the sm_90 stage 1's layout); fp32, or
+    # fp16 holding V in units of its fp8 codes (`KernelConfig.hopper_partials`), scaled here by V_SCALE, head-minor
+    # with the heads (and their LSEs) in the columns `HEAD_MINOR_COLUMN`
     PART_LSE,  # (P, H) fp32
     REDUCE_INDPTR,  # (T + 1,) int32
     REDUCE_FINAL_MAP,  # (T, 2) int32: q rows [q_start, q_end) of tile t
@@ -451,6 +458,7 @@ def _reduce_kernel(
     SPLIT_TILES,  # (n,) int32: the tiles with >= 2 partials, the only ones with work (program 0 axis)
     OUT,
     OUT_LSE,
+    V_SCALE,  # (1,) fp32: the KV's scale, applied to fp16 partials (unused with fp32 ones, which carry it)
     stride_ot,
     stride_oh,
     H: tl.constexpr,
@@ -474,14 +482,23 @@ def _reduce_kernel(
     q_end = tl.load(REDUCE_FINAL_MAP + 2 * t + 1)
     offs_p = tl.arange(0, BLOCK_P)
     offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    offs_h = tl.arange(0, H)
-    # element (d, h) of one partial row: where the chosen layout keeps it
+    offs_h = tl.arange(0, H)  # the merge runs over the partials' columns, head h at column h but for fp16 ones:
+    if PART_O.dtype.element_ty == tl.float16:  # column c holds head 8j + 2i + b for c = 4i + 2j + b
+        tl.static_assert(H == 16 and HEAD_MINOR, "fp16 partials: head-minor, 16 heads in HEAD_MINOR_COLUMN order")
+        head = ((offs_h >> 2) << 1) | (offs_h & 1) | (((offs_h >> 1) & 1) << 3)
+    else:
+        head = offs_h
+    # element (d, column h) of one partial row: where the chosen layout keeps it
     if HEAD_MINOR:
         offs_dh = offs_d[:, None] * H + offs_h[None, :]
     else:
         offs_dh = offs_h[None, :] * DV + offs_d[:, None]
     pm0 = offs_p < n
     prow0 = tl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm0, other=0)  # first block's partial rows (q row 0)
+    if PART_O.dtype.element_ty == tl.float16:
+        v_scale = tl.load(V_SCALE)
+    else:
+        v_scale = 1.0
     if USE_PDL:  # launched as a programmatic dependent of stage 1: wait until its writes are visible
         gdc_wait()
         if CHAIN:  # (the next stage 1 waits for this grid's completion before it writes anything)
@@ -497,10 +514,10 @@ def _reduce_kernel(
             m, acc, wsum = _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H, DV)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         w_safe = tl.where(wsum > 0.0, wsum, 1.0)
-        o = (acc / w_safe[None, :]).to(OUT.dtype.element_ty)
-        tl.store(OUT + r * stride_ot + offs_h[None, :] * stride_oh + offs_d[:, None], o)
+        o = (acc * (v_scale / w_safe)[None, :]).to(OUT.dtype.element_ty)
+        tl.store(OUT + r * stride_ot + head[None, :] * stride_oh + offs_d[:, None], o)
         if tl.program_id(1) == 0:
-            tl.store(OUT_LSE + r * H + offs_h, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
+            tl.store(OUT_LSE + r * H + head, tl.where(wsum > 0.0, m_safe + tl.log(w_safe), float("-inf")))
 
 
 @triton.jit
@@ -510,6 +527,7 @@ def _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H: t
     partials are all empty (-inf) keeps m = -inf and exactly 0 in acc and wsum."""
     lp = tl.load(PART_LSE + prow[:, None] * H + offs_h[None, :], mask=pm[:, None], other=float("-inf"))  # (P, H)
     o_p = tl.load(PART_O + prow[:, None, None] * (H * DV) + offs_dh[None, :, :], mask=pm[:, None, None], other=0.0)
+    o_p = o_p.to(tl.float32)
     m_new = tl.maximum(m, tl.max(lp, 0))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     corr = tl.exp(m - m_safe)  # 0 while m is -inf

@@ -215,6 +215,14 @@ class KernelConfig:
     with every SM's ring issued at once the first tile lands with the last of them); 0 = the whole ring at once;
     None (the default) = `HOPPER_FIRST_BURST` tiles when some CTA of the plan streams more tiles than that and the
     ring is deeper, else the whole ring (where the two issue the same tiles, the plain kernel runs).
+    ``hopper_partials`` (hopper; fp8 KV, i.e. a8w8 and a16w8): the split works' partial outputs in ``"fp32"``, or in
+    ``"fp16"`` holding V in units of its fp8 codes (|o| <= the fp8 maximum: no overflow whatever the KV scale; the
+    reduce applies the scale): half the bytes stage 1 stores and the reduce reads, one fp16 rounding (<= 2^-12
+    relative) of each partial before the merge; ``"auto"`` (default): fp16 for fp8 KV when the plan has at least
+    `HOPPER_FP16_MIN_SPLIT_TILES` split tiles and no ``hopper_merge_splits``, else fp32. ``hopper_reduce`` (hopper):
+    the reduce after the sm_90 stage 1, ``"triton"`` (`triton_decode.reduce_kernel`, the portable one), ``"gluon"``
+    (`gluon_reduce`: the same merge with the partials in registers, an explicit layout instead of Triton's shuffle
+    trees, which cost the fp16 partials their gain) or ``"auto"`` (default: gluon with fp16 partials, else triton).
     The knobs below belong to the portable kernel.
     ``mma_fp16`` (a8w8 only): both dots on fp16 operands (the fp8 codes are exact in fp16) instead of fp8 QK +
     fp8 PV; ``p_fp8`` rounds P through the KV's fp8 type first (aiter's numerics); ``contiguous``: use the
@@ -238,6 +246,8 @@ class KernelConfig:
     hopper_block: int = 64
     hopper_warpgroups: int = 1
     hopper_first_burst: int | None = None
+    hopper_partials: str = "auto"
+    hopper_reduce: str = "auto"
     block_n: int = 64
     num_warps: int = 8  # halves the a8w8 time vs 4 (H200, run 2): 4 warps spill the (16, 512) fp32 accumulator
     num_stages: int = 2
@@ -435,6 +445,13 @@ HOPPER_DEFAULT_STAGES = {"vt-smem": 3, "v-regs": 3, "v-tile": 2, "v-conv": 2}
 #: two warpgroups (8 warps) on one 128-token tile, each computing the scores of 64 tokens and half of the 512 value rows,
 #: so the per-tile chain (softmax, V operand, epilogue) has two warps per scheduler; v-regs only.
 HOPPER_BLOCKS = (64, 128)
+#: `KernelConfig.hopper_partials`: the partial outputs' type
+HOPPER_PARTIALS = ("auto", "fp32", "fp16")
+#: ``hopper_partials="auto"``: fp16 partials (and the Gluon reduce) for fp8 KV when the plan has at least this many
+#: split tiles. H200, 2026-12-04 (data/profiles/h200_2026-12-04_ab_fp16_gluon_reduce.csv): faster at 8 to 128 split
+#: requests (8 x 1024: 7.83 vs 8.58 us, 32 x 1024: 11.91 vs 12.79, 32 x 8192: 43.14 vs 44.73), slower with 4
+#: (4 x 1024: 6.76 vs 5.91 us; 4 x 8192 faster, 11.96 vs 12.29, but one rule for both)
+HOPPER_FP16_MIN_SPLIT_TILES = 8
 
 #: The deepest ring of 128-token tiles (74 KB a stage): 2 (plus q, P and the reductions' scratch in 227 KB).
 HOPPER_MAX_STAGES_128 = 2
@@ -621,6 +638,18 @@ class TritonDecoder:
                                  f"warpgroup with a ring of {'exactly' if rule['exact_ring'] else 'at most'} {limit} "
                                  f"{rule['ring_note']}, without hopper_merge_splits, "
                                  "hopper_warp_exchange or hopper_ablate")  # fmt: skip
+        if config.hopper_partials not in HOPPER_PARTIALS:
+            raise ValueError(f"hopper_partials must be one of {', '.join(map(repr, HOPPER_PARTIALS))}, "
+                             f"got {config.hopper_partials!r}")  # fmt: skip
+        if config.hopper_reduce not in ("auto", "triton", "gluon"):
+            raise ValueError(f"hopper_reduce must be 'auto', 'triton' or 'gluon', got {config.hopper_reduce!r}")
+        if config.hopper_partials == "fp16":
+            if prepared.precision is Precision.BF16:
+                raise ValueError("hopper_partials='fp16' holds V in units of its fp8 codes: a8w8 and a16w8 only (bf16 "
+                                 "partials in fp16 would add error beyond the bf16 tolerance and could overflow)")  # fmt: skip
+            if config.hopper_merge_splits:
+                raise ValueError("hopper_partials='fp16' with hopper_merge_splits: the in-stage-1 merge reads fp32 "
+                                 "partials")  # fmt: skip
         if config.hopper_first_burst and config.hopper_warpgroups == 2:
             raise ValueError("hopper_first_burst is a knob of the one-warpgroup kernel (hopper_warpgroups=1)")
         check_plan(plan, prepared.batch, int(prepared.q.shape[0]), page_size=prepared.page_size)
@@ -660,17 +689,30 @@ class TritonDecoder:
         #: (the portable one head-major, (rows, 16, 512)); the reduce reads either
         self.part_head_minor = self.kernel == "hopper"
         shape = (n_part, MLA.v_dim, H) if self.part_head_minor else (n_part, H, MLA.v_dim)
-        self.part_o = torch.empty(shape, dtype=torch.float32, device=dev)
-        self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
         self.n_cu = int(plan.work_indptr.numel() - 1)
         self.n_tiles = int(plan.reduce_indptr.numel() - 1)
+        counts = (plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).cpu()
+        #: fp16 partials (`KernelConfig.hopper_partials`, sm_90 only) hold V in units of its fp8 codes
+        fp16 = config.hopper_partials == "fp16" or (
+            config.hopper_partials == "auto" and prepared.precision is not Precision.BF16
+            and not config.hopper_merge_splits and int((counts >= 2).sum()) >= HOPPER_FP16_MIN_SPLIT_TILES
+        )  # fmt: skip
+        part_dtype = torch.float16 if self.part_head_minor and fp16 else torch.float32
+        self.part_o = torch.empty(shape, dtype=part_dtype, device=dev)
+        self.part_lse = torch.empty((n_part, H), dtype=torch.float32, device=dev)
         # partials read per block load in the reduce: all of a tile's, up to 32. Each program merges a value slice
         # of BLOCK_DV dims x 16 heads: one warp of 32-64 fp32 per thread when a tile has >= 16 partials, else two
         # warps of 16 (scripts/reduce_sweep.py, H200: 4 x 1024 took 6.7 us this way against 8.8 with 4 warps of 64)
-        counts = (plan.reduce_indptr[1:] - plan.reduce_indptr[:-1]).cpu()
         self.reduce_block_p = min(32, triton.next_power_of_2(max(2, int(counts.max()) if self.n_tiles else 1)))
         self.reduce_block_dv = max(4, 64 // self.reduce_block_p)
         self.reduce_warps = 1 if self.reduce_block_p >= 16 else 2
+        #: the Gluon reduce's launch shape (`KernelConfig.hopper_reduce`; None: the Triton reduce runs)
+        self.gluon_reduce: dict[str, int] | None = None
+        if self.kernel == "hopper" and (config.hopper_reduce == "gluon" or (
+                config.hopper_reduce == "auto" and part_dtype == torch.float16)):  # fmt: skip
+            from . import gluon_reduce
+
+            self.gluon_reduce = gluon_reduce.launch_shape(max(1, int(counts.max()) if self.n_tiles else 1))
         #: the reduce tiles with >= 2 partials: the reduce's grid (none: no reduce launch at all)
         self.split_tiles = torch.nonzero(counts >= 2).flatten().to(device=dev, dtype=torch.int32)
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
@@ -742,6 +784,10 @@ class TritonDecoder:
             name += f"+block{self.config.hopper_block}"
         if self.kernel == "hopper" and self.config.hopper_warpgroups == 2:
             name += "+2wg"
+        if self.part_o.dtype == torch.float16:
+            name += "+fp16-partials"
+        if self.gluon_reduce is not None:
+            name += "+gluon-reduce"
         return name if self.config.hopper_ablate == "none" else f"{name}+ablate:{self.config.hopper_ablate}"
 
     def __call__(
@@ -760,11 +806,21 @@ class TritonDecoder:
 
     def _reduce(self) -> None:
         plan, H, DV = self.plan, MLA.num_heads, MLA.v_dim
-        if self.split_tiles.numel():
+        if self.split_tiles.numel() and self.gluon_reduce is not None:
+            from . import gluon_reduce
+
+            shape = self.gluon_reduce
+            gluon_reduce.reduce_kernel[(self.split_tiles.numel(), DV // (shape["DPT"] * 8 // shape["LP"]))](
+                self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                self.split_tiles, self.out, self.lse, self.p.kv_scale, self.out.stride(0), self.out.stride(1),
+                H=H, DV=DV, USE_PDL=self.use_pdl, CHAIN=self.pdl_chain, **shape,
+                **({"launch_pdl": True} if self.use_pdl else {}),
+            )  # fmt: skip
+        elif self.split_tiles.numel():
             pdl = {"launch_pdl": True} if self.use_pdl else {}
             self.K.reduce_kernel[(self.split_tiles.numel(), DV // self.reduce_block_dv)](
                 self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
-                self.split_tiles, self.out, self.lse, self.out.stride(0), self.out.stride(1),
+                self.split_tiles, self.out, self.lse, self.p.kv_scale, self.out.stride(0), self.out.stride(1),
                 H=H, DV=DV, BLOCK_DV=self.reduce_block_dv, BLOCK_P=self.reduce_block_p, HEAD_MINOR=self.part_head_minor,
                 USE_PDL=self.use_pdl, CHAIN=self.pdl_chain, num_warps=self.reduce_warps, **pdl,
             )  # fmt: skip
