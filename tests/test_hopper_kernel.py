@@ -243,6 +243,9 @@ def test_fp16_partials_and_the_gluon_reduce_compile_for_sm90(triton_copy: str) -
         "    r = compile_hopper(3, variant=v, partials=part)\n"
         "    stg = r.sass.get('STG.E.64', 0), r.sass.get('STG.E', 0)\n"
         "    print('R', 'stage1', v, part, r.registers, r.stack_bytes, *stg)\n"
+        "for name, kw in (('v-regs-128', dict(block=128)), ('v-regs-2wg', dict(warpgroups=2))):\n"
+        "    r = compile_hopper(2 if 'block' in kw else 4, variant='v-regs', partials='fp16', **kw)\n"
+        "    print('R', 'stage1', name, 'fp16', r.registers, r.stack_bytes, r.sass.get('STG.E.64', 0), 0)\n"
         "for mp in (1, 2, 3, 4, 8, 9, 16, 33, 64, 200):\n"
         "  for part in ('fp32', 'fp16'):\n"
         "    r = compile_reduce(mp, part)\n"
@@ -253,11 +256,14 @@ def test_fp16_partials_and_the_gluon_reduce_compile_for_sm90(triton_copy: str) -
     if triton_copy == "h200":
         assert "V 3.6." in out, out[:200]
     stage1 = {(v, part): tuple(map(int, rest)) for _, kind, v, part, *rest in rows if kind == "stage1"}
-    assert len(stage1) == 4, out
-    for (_v, part), (regs, stack, stg64, stg32) in stage1.items():
-        assert regs <= 255 and stack == 0, out
-        if part == "fp16":  # 16 rows x one 8-byte vector of 4 heads (and no 4-byte partial stores: <= 8 others)
-            assert stg64 >= 16 and stg32 <= 8, out
+    assert len(stage1) == 6, out
+    for (v, part), (regs, stack, stg64, stg32) in stage1.items():
+        # (two warpgroups with fp16 partials spill 48 bytes with Triton 3.9, not with the H200's 3.6: "auto" keeps
+        # fp32 partials there)
+        assert regs <= 255 and (stack == 0 or (v == "v-regs-2wg" and triton_copy == "environment")), out
+        if part == "fp16":  # 16 rows x one 8-byte vector of 4 heads (and no 4-byte partial stores: <= 8 others);
+            # 128-token tiles: each warpgroup holds 256 of the 512 rows, 8 per thread
+            assert stg64 >= (8 if v == "v-regs-128" else 16) and stg32 <= 8, out
     reduce_rows = [tuple(map(int, (r[2], *r[4:]))) for r in rows if r[1] == "reduce"]
     assert len(reduce_rows) == 20, out
     for _mp, regs, stack, local, shfl in reduce_rows:

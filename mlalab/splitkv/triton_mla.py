@@ -219,7 +219,9 @@ class KernelConfig:
     ``"fp16"`` holding V in units of its fp8 codes (|o| <= the fp8 maximum: no overflow whatever the KV scale; the
     reduce applies the scale): half the bytes stage 1 stores and the reduce reads, one fp16 rounding (<= 2^-12
     relative) of each partial before the merge; ``"auto"`` (default): fp16 for fp8 KV when the plan has at least
-    `HOPPER_FP16_MIN_SPLIT_TILES` split tiles and no ``hopper_merge_splits``, else fp32. ``hopper_reduce`` (hopper):
+    `HOPPER_FP16_MIN_SPLIT_TILES` split tiles, on 64-token tiles of one warpgroup without ``hopper_merge_splits``
+    (two warpgroups spill with fp16 partials under Triton 3.9; 128-token tiles with fp16 partials compile but have
+    not run on a GPU), else fp32. ``hopper_reduce`` (hopper):
     the reduce after the sm_90 stage 1, ``"triton"`` (`triton_decode.reduce_kernel`, the portable one), ``"gluon"``
     (`gluon_reduce`: the same merge with the partials in registers, an explicit layout instead of Triton's shuffle
     trees, which cost the fp16 partials their gain) or ``"auto"`` (default: gluon with fp16 partials, else triton).
@@ -695,7 +697,8 @@ class TritonDecoder:
         #: fp16 partials (`KernelConfig.hopper_partials`, sm_90 only) hold V in units of its fp8 codes
         fp16 = config.hopper_partials == "fp16" or (
             config.hopper_partials == "auto" and prepared.precision is not Precision.BF16
-            and not config.hopper_merge_splits and int((counts >= 2).sum()) >= HOPPER_FP16_MIN_SPLIT_TILES
+            and not config.hopper_merge_splits and config.hopper_warpgroups == 1 and config.hopper_block == 64
+            and int((counts >= 2).sum()) >= HOPPER_FP16_MIN_SPLIT_TILES
         )  # fmt: skip
         part_dtype = torch.float16 if self.part_head_minor and fp16 else torch.float32
         self.part_o = torch.empty(shape, dtype=part_dtype, device=dev)
