@@ -19,7 +19,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["BuildReport", "compile_hopper", "sass_counts", "main"]
 
@@ -76,6 +78,45 @@ def _tool(name: str) -> str:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{name} is not in this Triton wheel ({path})")
     return path
+
+
+@contextlib.contextmanager
+def _fresh_triton_cache() -> Iterator[None]:
+    """Compile into an empty, temporary Triton cache (restored and removed afterwards): a cached kernel would skip
+    its ``static_print`` reports and could hide what this Triton version makes of the code."""
+    old_cache = os.environ.get("TRITON_CACHE_DIR")
+    cache = tempfile.mkdtemp(prefix="mlalab-sm90-")
+    os.environ["TRITON_CACHE_DIR"] = cache
+    try:
+        yield
+    finally:
+        if old_cache is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old_cache
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _report(ck: Any, stages: int, conflicts: tuple[int, ...]) -> BuildReport:
+    """Registers, local memory and opcode counts of a compiled kernel, from ``cuobjdump`` on its cubin."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(ck.asm["cubin"])
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True)
+    regs = re.search(r"REG:(\d+)", res.stdout)
+    stack = re.search(r"STACK:(\d+)", res.stdout)
+    if regs is None or stack is None:
+        raise RuntimeError(f"cannot read cuobjdump's resource usage: {res.stdout[:500]!r}")
+    return BuildReport(
+        stages=stages,
+        registers=int(regs.group(1)),
+        stack_bytes=int(stack.group(1)),
+        shared_bytes=int(ck.metadata.shared),
+        bank_conflicts=conflicts,
+        sass=sass_counts(sass.stdout),
+    )
 
 
 def compile_hopper(
@@ -169,58 +210,32 @@ def compile_hopper(
         torch.ones(1),
     )
     printed = io.StringIO()
-    old_cache = os.environ.get("TRITON_CACHE_DIR")
-    cache = tempfile.mkdtemp(prefix="mlalab-sm90-")  # a fresh cache: a cached kernel would skip static_print
-    os.environ["TRITON_CACHE_DIR"] = cache
-    try:
-        with contextlib.redirect_stdout(printed):  # gl.static_print: the bank-conflict counts
-            plan_args = (i32(132 * HOPPER_INFO_COLS), i32(8 * 8), i32(64))  # CTA_INFO, WORK_INFO, TILE_ROWS
-            if warpgroups == 2:
-                from . import gluon_hopper_2wg as W
+    # a fresh cache: a cached kernel would skip static_print (gl.static_print: the bank-conflict counts)
+    with _fresh_triton_cache(), contextlib.redirect_stdout(printed):
+        plan_args = (i32(132 * HOPPER_INFO_COLS), i32(8 * 8), i32(64))  # CTA_INFO, WORK_INFO, TILE_ROWS
+        if warpgroups == 2:
+            from . import gluon_hopper_2wg as W
 
-                ck = W.stage1_kernel.warmup(
-                    *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one, one, 0.04, H=16,
-                    NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, RING=stages, MASK_TAIL=mask_tail,
-                    LAUNCH_DEPENDENTS=True, WAIT_PRIOR=False, INFO_COLS=HOPPER_INFO_COLS,
-                    WORKER_REGS=HOPPER_2WG_WORKER_REGS, REPORT=True, num_warps=4, grid=(1,),
-                )  # fmt: skip
-            else:
-                ck = G.stage1_kernel.warmup(
-                    *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one,
-                    one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16,
-                    NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
-                    LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", V_FROM_K=variant in ("v-tile", "v-conv"),
-                    KV_CONVERT=variant == "v-conv",
-                    WAIT_PRIOR=False, TIMELINE=timeline,
-                    ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, FIRST_BURST=first_burst or stages,
-                    WARP_XCHG=warp_exchange, INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True,
-                    num_warps=block // 16, grid=(1,),
-                )  # fmt: skip
-    finally:
-        if old_cache is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
+            ck = W.stage1_kernel.warmup(
+                *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one, one, 0.04, H=16,
+                NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, RING=stages, MASK_TAIL=mask_tail,
+                LAUNCH_DEPENDENTS=True, WAIT_PRIOR=False, INFO_COLS=HOPPER_INFO_COLS,
+                WORKER_REGS=HOPPER_2WG_WORKER_REGS, REPORT=True, num_warps=4, grid=(1,),
+            )  # fmt: skip
         else:
-            os.environ["TRITON_CACHE_DIR"] = old_cache
-        shutil.rmtree(cache, ignore_errors=True)
+            ck = G.stage1_kernel.warmup(
+                *G.make_descriptors(q, kv, 16, block), *plan_args, out, lse, po, pl, one,
+                one, 0.04, torch.zeros(1, G.TIMELINE_COLS.value, dtype=torch.int64), i32(8 * 4), i32(8), H=16,
+                NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=block, NUM_STAGES=stages, MASK_TAIL=mask_tail,
+                LAUNCH_DEPENDENTS=True, V_IN_REGS=variant == "v-regs", V_FROM_K=variant in ("v-tile", "v-conv"),
+                KV_CONVERT=variant == "v-conv",
+                WAIT_PRIOR=False, TIMELINE=timeline,
+                ABLATE=ablate, REFILL_AFTER_PV=refill_after_pv, Q_FIRST=q_first, FIRST_BURST=first_burst or stages,
+                WARP_XCHG=warp_exchange, INFO_COLS=HOPPER_INFO_COLS, MERGE_MAX=merge_max, REPORT=True,
+                num_warps=block // 16, grid=(1,),
+            )  # fmt: skip
     conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(ck.asm["cubin"])
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True)
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True)
-    regs = re.search(r"REG:(\d+)", res.stdout)
-    stack = re.search(r"STACK:(\d+)", res.stdout)
-    if regs is None or stack is None:
-        raise RuntimeError(f"cannot read cuobjdump's resource usage: {res.stdout[:500]!r}")
-    return BuildReport(
-        stages=stages,
-        registers=int(regs.group(1)),
-        stack_bytes=int(stack.group(1)),
-        shared_bytes=int(ck.metadata.shared),
-        bank_conflicts=conflicts,
-        sass=sass_counts(sass.stdout),
-    )
+    return _report(ck, stages, conflicts)
 
 
 def compile_reduce(max_partials: int, partials: str = "fp32") -> BuildReport:
@@ -238,38 +253,12 @@ def compile_reduce(max_partials: int, partials: str = "fp32") -> BuildReport:
     driver.set_active(_Sm90Driver())
     i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
     po = torch.zeros(64, 512, 16, dtype=torch.float16 if partials == "fp16" else torch.float32)
-    old_cache = os.environ.get("TRITON_CACHE_DIR")
-    cache = tempfile.mkdtemp(prefix="mlalab-sm90-")
-    os.environ["TRITON_CACHE_DIR"] = cache
-    try:
+    with _fresh_triton_cache():
         ck = R.reduce_kernel.warmup(
             po, torch.zeros(64, 16), i32(9), i32(16), i32(64), i32(8), torch.zeros(4, 16, 512, dtype=torch.bfloat16),
             torch.zeros(4, 16), torch.ones(1), 8192, 512, H=16, DV=512, USE_PDL=True, CHAIN=False, grid=(1,), **shape,
         )  # fmt: skip
-    finally:
-        if old_cache is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = old_cache
-        shutil.rmtree(cache, ignore_errors=True)
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(ck.asm["cubin"])
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True, check=True)
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True)
-    regs = re.search(r"REG:(\d+)", res.stdout)
-    stack = re.search(r"STACK:(\d+)", res.stdout)
-    if regs is None or stack is None:
-        raise RuntimeError(f"cannot read cuobjdump's resource usage: {res.stdout[:500]!r}")
-    return BuildReport(
-        stages=shape["BLOCK_P"],
-        registers=int(regs.group(1)),
-        stack_bytes=int(stack.group(1)),
-        shared_bytes=int(ck.metadata.shared),
-        bank_conflicts=(),
-        sass=sass_counts(sass.stdout),
-    )
+    return _report(ck, shape["BLOCK_P"], ())
 
 
 def main() -> None:

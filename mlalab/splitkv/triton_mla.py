@@ -787,9 +787,11 @@ class TritonDecoder:
             name += f"+block{self.config.hopper_block}"
         if self.kernel == "hopper" and self.config.hopper_warpgroups == 2:
             name += "+2wg"
-        if self.part_o.dtype == torch.float16:
+        # (read with defaults: `ran` also names a decoder whose construction stopped before the partials existed)
+        part_o = getattr(self, "part_o", None)
+        if part_o is not None and part_o.dtype == torch.float16:
             name += "+fp16-partials"
-        if self.gluon_reduce is not None:
+        if getattr(self, "gluon_reduce", None) is not None:
             name += "+gluon-reduce"
         return name if self.config.hopper_ablate == "none" else f"{name}+ablate:{self.config.hopper_ablate}"
 
