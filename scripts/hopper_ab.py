@@ -83,11 +83,14 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # busy CTAs, each with more tiles, spread over the grid of one CTA per SM
     "pb128": (1, dict(plan_block=128)),
     "pb256": (1, dict(plan_block=256)),
-    # fp16 partials in KV code units (`KernelConfig.hopper_partials`): half the bytes stored and merged
-    "p16": (1, dict(hopper_partials="fp16")),
-    "v-conv-p16": (1, dict(hopper_variant="v-conv", hopper_partials="fp16")),
-    # the reduce in Gluon (partials in registers and across warps), with fp32 / fp16 partials
-    "gr": (1, dict(hopper_reduce="gluon")),
+    # fp16 partials in KV code units (`KernelConfig.hopper_partials`): half the bytes stored and merged; with the
+    # Triton reduce (p16, as in session 14's first A/Bs) and with the Gluon reduce (p16gr, what "auto" picks)
+    "p16": (1, dict(hopper_partials="fp16", hopper_reduce="triton")),
+    "v-conv-p16": (1, dict(hopper_variant="v-conv", hopper_partials="fp16", hopper_reduce="triton")),
+    # fp32 partials and the Triton reduce everywhere: the kernels of run 14 (before "auto" picked fp16)
+    "p32": (1, dict(hopper_partials="fp32", hopper_reduce="triton")),
+    # the reduce in Gluon (partials in registers, from 16 on across 2 lanes and the warps), fp32 / fp16 partials
+    "gr": (1, dict(hopper_partials="fp32", hopper_reduce="gluon")),
     "p16gr": (1, dict(hopper_partials="fp16", hopper_reduce="gluon")),
     "v-conv-p16gr": (1, dict(hopper_variant="v-conv", hopper_partials="fp16", hopper_reduce="gluon")),
 }
