@@ -6,14 +6,14 @@ codes with the heads in the columns `triton_decode.HEAD_MINOR_COLUMN` (`KernelCo
 Why a second reduce: Triton picks the layout of the Triton reduce's (partials, dims, heads) block itself and spreads
 the partials over lanes, so the sum over them is a tree of shuffles (144 SHFL per thread at 16 partials in fp32,
 344 in fp16, compiled for sm_90 with Triton 3.6). Here the layout is explicit: each lane holds 4 heads of one value
-dim (one 16-byte fp32 or 8-byte fp16 load per partial and dim), 8 lanes of 4 cover 8 x ``DPT`` dims per warp, and
-the partials of a thread's elements sit in its registers (and, from 16 partials on, across the warps: one merge
-through shared memory), so the merge is register arithmetic. Grid: (split tiles, 512 // (DPT·8/LP)); up to BLOCK_P
-partials at a time (more: further blocks, merged online). The merged slice is stored through shared memory as
-16-byte vectors of consecutive dims: stored from the merge's layout (4 heads of one dim per thread, the same slice in
-every warp), every 2-byte element was its own write, and the reduce took 4.8 / 8.0 us alone at 8 x 1024 / 32 x 1024
-against the Triton reduce's 2.9 / 3.1 (H200). `launch_shape`
-picks BLOCK_P, DPT and the warps from a plan's partial counts.
+dim (one 16-byte fp32 or 8-byte fp16 load per partial and dim), 4 lanes a row of 16 heads, the other lanes and
+``DPT`` registers more dims, and the partials of a thread's elements sit in its registers: the merge is register
+arithmetic. From 16 partials on, 2 lanes (``LP``) and up to 4 warps share them (one shuffle, one merge through
+shared memory; 16 in one thread spilled). Grid: (split tiles, 512 // (DPT·8/LP)); up to BLOCK_P partials at a time
+(more: further blocks, merged online); `launch_shape` picks the shape from a plan's largest partial count. The
+merged slice is stored through shared memory as 16-byte vectors of consecutive dims: stored from the merge's layout
+(4 heads of one dim per thread), every 2-byte element was its own write, and a first version took 4.8 / 8.0 us alone
+at 8 x 1024 / 32 x 1024 against the Triton reduce's 2.9 / 3.1 (H200).
 """
 
 from __future__ import annotations
@@ -39,6 +39,15 @@ def launch_shape(max_partials: int) -> dict[str, int]:
     if block_p <= 8:
         return {"BLOCK_P": block_p, "DPT": 16 // block_p, "LP": 1, "num_warps": 1}
     return {"BLOCK_P": block_p, "DPT": 1, "LP": 2, "num_warps": block_p // 16}
+
+
+@gluon.jit
+def _head_of_column(c, FP16: gl.constexpr):
+    """The head that column `c` of a partial row holds: c, or in fp16 partials 8j + 2i + b for c = 4i + 2j + b
+    (`triton_decode.HEAD_MINOR_COLUMN`, inverted)."""
+    if FP16:
+        c = ((c >> 2) << 1) | (c & 1) | (((c >> 1) & 1) << 3)
+    return c
 
 
 @gluon.jit
@@ -96,20 +105,13 @@ def _reduce_kernel(
         if CHAIN:
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)  # fmt: skip
-    # column c of the partials holds head c, or head 8j + 2i + b for c = 4i + 2j + b in fp16 partials
+    # the output's layout: up to 8 consecutive dims of one head per thread
     SPT_O: gl.constexpr = 8 if BLOCK_DV >= 8 else BLOCK_DV
     TD_O: gl.constexpr = BLOCK_DV // SPT_O if BLOCK_DV // SPT_O <= 32 else 32
     OUT_L: gl.constexpr = gl.BlockedLayout([SPT_O, 1], [TD_O, 32 // TD_O], [1, num_warps], [0, 1])
     d_o = gl.program_id(1) * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(1, OUT_L))
-    c_o = gl.arange(0, H, layout=gl.SliceLayout(0, OUT_L))
-    if FP16:
-        head_o = ((c_o >> 2) << 1) | (c_o & 1) | (((c_o >> 1) & 1) << 3)
-    else:
-        head_o = c_o
-    if FP16:
-        head = ((offs_ch >> 2) << 1) | (offs_ch & 1) | (((offs_ch >> 1) & 1) << 3)
-    else:
-        head = offs_ch
+    head_o = _head_of_column(gl.arange(0, H, layout=gl.SliceLayout(0, OUT_L)), FP16)
+    head = _head_of_column(offs_ch, FP16)
     for r in range(q_start, q_end):
         u = r - q_start
         m = gl.full([H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, LDH))
