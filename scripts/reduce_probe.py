@@ -5,8 +5,14 @@ whole decode. The differences split the reduce's cost into the kernel boundary a
 
 With ``--anatomy``, also stage 1 + a copy of the reduce's memory traffic with parts switched off (`_anatomy`: the
 plan loads before the wait, ``plan``; each block's LSEs and partials after it, ``loads``; the output stores,
-``store``; outputs meaningless): columns ``anat_plan``, ``anat_plan_loads``, ``anat_plan_loads_store`` and
-``anat_loads_store`` (the partial rows computed instead of loaded from the plan) split the merge's cost further.
+``store``; outputs meaningless): columns ``anat_plan``, ``anat_plan_loads_store`` and ``anat_loads_store`` (the
+partial rows computed instead of loaded from the plan) split the merge's cost further. (Loads without the store are
+not a column: the compiler drops loads whose result is never stored. The copy's stores are strided, so the
+``..._store`` columns run slower than the real reduce; data/profiles/h200_2026-12-04_reduce_anatomy.csv still has
+the dropped column.)
+
+The decoder runs fp32 partials and the Triton reduce here (`KernelConfig.hopper_partials` / ``hopper_reduce``
+pinned), the reduce `_anatomy` copies and the empty grid matches.
 
     python scripts/reduce_probe.py --out /tmp/reduce_probe.csv
     python scripts/reduce_probe.py --anatomy --out /tmp/reduce_anatomy.csv
@@ -72,15 +78,15 @@ def _anatomy(PART_O, PART_LSE, REDUCE_INDPTR, REDUCE_PARTIAL_MAP, SPLIT_TILES, S
 
 
 #: `--anatomy` columns: (PLAN, LOADS, STORE) of `_anatomy`
-ANATOMY = {"anat_plan": (True, False, False), "anat_plan_loads": (True, True, False),
-           "anat_plan_loads_store": (True, True, True), "anat_loads_store": (False, True, True)}  # fmt: skip
+ANATOMY = {"anat_plan": (True, False, False), "anat_plan_loads_store": (True, True, True),
+           "anat_loads_store": (False, True, True)}  # fmt: skip
 
 
 def probe(B: int, L: int, anatomy: bool = False) -> dict | None:
     """One shape's row (None when no request splits)."""
     x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
     n = rotation_copies(B * L * MLA.qk_dim)
-    call, info = make_callable(x, precision="a8w8", n_copies=n)
+    call, info = make_callable(x, precision="a8w8", n_copies=n, hopper_partials="fp32", hopper_reduce="triton")
     dec = info["decoder"]
     if not dec.split_tiles.numel():
         return None

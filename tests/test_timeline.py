@@ -113,6 +113,7 @@ def test_the_portable_kernel_has_no_timeline() -> None:
     dec = object.__new__(TritonDecoder)  # the refusal comes before any launch; no GPU needed to check it
     dec.kernel, dec.hopper_variant, dec.hopper_reason = "portable", None, "a8w8 only"
     dec.config = KernelConfig()
+    dec.part_o, dec.gluon_reduce = torch.empty(0), None  # (what `ran` reads of a constructed decoder)
     with pytest.raises(ValueError, match="sm_90 kernels only.*a8w8 only"):
         dec.stage1_timeline()
 

@@ -205,7 +205,7 @@ def compile_hopper(
     i32 = lambda n: torch.zeros(n, dtype=torch.int32)
     out, lse = torch.zeros(4, 16, 512, dtype=torch.bfloat16), torch.zeros(4, 16)
     po, pl, one = (
-        torch.zeros(8, 16, 512, dtype=getattr(torch, {"fp32": "float32", "fp16": "float16"}[partials])),
+        torch.zeros(8, 16, 512, dtype=torch.float16 if partials == "fp16" else torch.float32),
         torch.zeros(8, 16),
         torch.ones(1),
     )

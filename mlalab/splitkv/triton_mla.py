@@ -716,6 +716,9 @@ class TritonDecoder:
             from . import gluon_reduce
 
             self.gluon_reduce = gluon_reduce.launch_shape(max(1, int(counts.max()) if self.n_tiles else 1))
+            # (kernel and value-slice count resolved once here, not on every call)
+            self._gluon_reduce_kernel = gluon_reduce.reduce_kernel
+            self._gluon_reduce_slices = MLA.v_dim // (self.gluon_reduce["DPT"] * 8 // self.gluon_reduce["LP"])
         #: the reduce tiles with >= 2 partials: the reduce's grid (none: no reduce launch at all)
         self.split_tiles = torch.nonzero(counts >= 2).flatten().to(device=dev, dtype=torch.int32)
         #: the reduce is a programmatic dependent launch of the Hopper stage 1 (its launch overlaps stage 1)
@@ -787,11 +790,9 @@ class TritonDecoder:
             name += f"+block{self.config.hopper_block}"
         if self.kernel == "hopper" and self.config.hopper_warpgroups == 2:
             name += "+2wg"
-        # (read with defaults: `ran` also names a decoder whose construction stopped before the partials existed)
-        part_o = getattr(self, "part_o", None)
-        if part_o is not None and part_o.dtype == torch.float16:
+        if self.part_o.dtype == torch.float16:
             name += "+fp16-partials"
-        if getattr(self, "gluon_reduce", None) is not None:
+        if self.gluon_reduce is not None:
             name += "+gluon-reduce"
         return name if self.config.hopper_ablate == "none" else f"{name}+ablate:{self.config.hopper_ablate}"
 
@@ -812,13 +813,10 @@ class TritonDecoder:
     def _reduce(self) -> None:
         plan, H, DV = self.plan, MLA.num_heads, MLA.v_dim
         if self.split_tiles.numel() and self.gluon_reduce is not None:
-            from . import gluon_reduce
-
-            shape = self.gluon_reduce
-            gluon_reduce.reduce_kernel[(self.split_tiles.numel(), DV // (shape["DPT"] * 8 // shape["LP"]))](
+            self._gluon_reduce_kernel[(self.split_tiles.numel(), self._gluon_reduce_slices)](
                 self.part_o, self.part_lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
                 self.split_tiles, self.out, self.lse, self.p.kv_scale, self.out.stride(0), self.out.stride(1),
-                H=H, DV=DV, USE_PDL=self.use_pdl, CHAIN=self.pdl_chain, **shape,
+                H=H, DV=DV, USE_PDL=self.use_pdl, CHAIN=self.pdl_chain, **self.gluon_reduce,
                 **({"launch_pdl": True} if self.use_pdl else {}),
             )  # fmt: skip
         elif self.split_tiles.numel():
