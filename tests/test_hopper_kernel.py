@@ -469,10 +469,10 @@ def test_gluon_reduce_launch_shape() -> None:
     of the 512 value dims; bad counts refused."""
     from mlalab.splitkv.gluon_reduce import launch_shape
 
-    assert launch_shape(1) == launch_shape(2) == {"BLOCK_P": 2, "DPT": 8, "LP": 1, "num_warps": 1}
-    assert launch_shape(8) == {"BLOCK_P": 8, "DPT": 2, "LP": 1, "num_warps": 1}
-    assert launch_shape(9) == launch_shape(16) == {"BLOCK_P": 16, "DPT": 1, "LP": 2, "num_warps": 1}
-    assert launch_shape(33) == launch_shape(500) == {"BLOCK_P": 64, "DPT": 1, "LP": 2, "num_warps": 4}
+    assert launch_shape(1) == launch_shape(2) == {"BLOCK_P": 2, "DPT": 8, "LP": 1, "num_warps": 1, "maxnreg": 255}
+    assert launch_shape(8) == {"BLOCK_P": 8, "DPT": 2, "LP": 1, "num_warps": 1, "maxnreg": 255}
+    assert launch_shape(9) == launch_shape(16) == {"BLOCK_P": 16, "DPT": 1, "LP": 2, "num_warps": 1, "maxnreg": 255}
+    assert launch_shape(33) == launch_shape(500) == {"BLOCK_P": 64, "DPT": 1, "LP": 2, "num_warps": 4, "maxnreg": 255}
     for n in range(1, 70):
         s = launch_shape(n)
         per_thread = s["BLOCK_P"] // (s["LP"] * s["num_warps"])
