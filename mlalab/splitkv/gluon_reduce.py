@@ -52,16 +52,6 @@ def _head_of_column(c, FP16: gl.constexpr):
 
 
 @gluon.jit
-def _exp2_ftz(x):
-    """2^x as the one MUFU.EX2 instruction (``ex2.approx.ftz``): ``gl.exp`` compiles to a multiply, a range test and
-    two predicated multiplies around it (subnormal results), and one warp's dependent instructions are this kernel's
-    time (Nsight Compute, 4 x 1024: 773 instructions per warp against the Triton reduce's 522, ~5-6 cycles each).
-    Flushing a weight below 2^-126 of the largest to 0 changes no merged output."""
-    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
-                                     pack=1)  # fmt: skip
-
-
-@gluon.jit
 def _reduce_kernel(
     PART_O,  # (P, 512, 16) head-minor partials: fp32, or fp16 in KV code units with heads in HEAD_MINOR_COLUMN order
     PART_LSE,  # (P, 16) fp32, in the same column order as PART_O
@@ -143,10 +133,13 @@ def _reduce_kernel(
             m_blk = gl.convert_layout(gl.max(lp, axis=0), gl.SliceLayout(0, LDH))
             m_new = gl.maximum(m, m_blk)
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            corr = _exp2_ftz((m - m_safe) * LOG2E)  # 0 while m is -inf
+            corr = gl.exp2((m - m_safe) * LOG2E)  # 0 while m is -inf
             m_safe_p = gl.convert_layout(m_safe * LOG2E, gl.SliceLayout(0, LPH))
-            # (partial, column), one FFMA + MUFU each; a masked partial's LSE is -inf: weight 0
-            wgt = _exp2_ftz(lp * LOG2E - m_safe_p[None, :])
+            # (partial, column): base 2, so one FFMA + MUFU.EX2 each (gl.exp compiles to ex2.approx.f32 with a range
+            # test and two predicated multiplies for subnormal results; gl.exp2 to ex2.approx.ftz); a masked partial's
+            # LSE is -inf: weight 0. One warp's dependent instructions are this kernel's time (Nsight Compute,
+            # 4 x 1024: 773 instructions per warp against the Triton reduce's 522, ~5-6 cycles each)
+            wgt = gl.exp2(lp * LOG2E - m_safe_p[None, :])
             acc = acc * corr[None, :] + gl.sum(gl.expand_dims(wgt, 1) * o_p.to(gl.float32), axis=0)
             wsum = wsum * corr + gl.convert_layout(gl.sum(wgt, axis=0), gl.SliceLayout(0, LDH))
             m = m_new
