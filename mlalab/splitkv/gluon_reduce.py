@@ -26,11 +26,11 @@ __all__ = ["reduce_kernel", "launch_shape"]
 
 def launch_shape(max_partials: int) -> dict[str, int]:
     """``BLOCK_P`` (partials per block load: all of a tile's, up to 64; more go in further blocks), ``DPT`` (value
-    dims per thread), ``LP`` (lanes sharing the partials), ``num_warps`` (warps sharing them) and ``maxnreg`` for tiles of at
-    most `max_partials` partials. Up to 8: every partial of a thread's elements in its registers, one warp, 8·DPT
-    dims per program. From 16 on (16 partials in one thread needed all 255 registers and spilled in fp32): 8 per
-    thread, 2 lanes and up to 4 warps share them (one shuffle, one merge through shared memory), 4 dims per program
-    (twice the programs: a batch of 4 split requests had too few with 8)."""
+    dims per thread), ``LP`` (lanes sharing the partials), ``num_warps`` (warps sharing them) and ``maxnreg`` for
+    tiles of at most `max_partials` partials. Up to 8: every partial of a thread's elements in its registers, one
+    warp, 8·DPT dims per program. From 16 on (16 partials in one thread needed all 255 registers and spilled in
+    fp32): 8 per thread, 2 lanes and up to 4 warps share them (one shuffle, one merge through shared memory), 4 dims
+    per program (twice the programs: a batch of 4 split requests had too few with 8)."""
     if type(max_partials) is not int or max_partials < 1:
         raise ValueError(f"max_partials must be an int >= 1, got {max_partials!r}")
     block_p = 2
