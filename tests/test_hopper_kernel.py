@@ -232,8 +232,10 @@ def test_compiles_for_sm90_with_fp8_wgmma_no_spills_no_bank_conflicts(triton_cop
 def test_fp16_partials_and_the_gluon_reduce_compile_for_sm90(triton_copy: str) -> None:
     """fp16 partials (`hopper_partials`): stage 1 stores each row's 4 heads (column order) as one 8-byte vector (16
     per thread; the natural head order gave 4-byte half-sector stores, ~0.5 us slower on the H200), no spills. The
-    Gluon reduce at every launch shape, fp32 and fp16 partials: no local memory, at most 40 shuffles (the Triton
-    reduce's shuffle trees: 144 in fp32 and 344 in fp16 at 16 partials, the reason it exists)."""
+    Gluon reduce at every launch shape, fp32 and fp16 partials: no local memory, at most 40 shuffles per copy of the
+    block merge (the Triton reduce's shuffle trees: 144 in fp32 and 344 in fp16 at 16 partials, the reason it exists;
+    the kernel holds 4 copies: the first block of q row 0, peeled so that the common tile, one row of at most BLOCK_P
+    partials, runs straight, further blocks, and the same for later rows)."""
     env = _compile_env(triton_copy)
     body = (
         "import triton; print('V', triton.__version__)\n"
@@ -267,7 +269,7 @@ def test_fp16_partials_and_the_gluon_reduce_compile_for_sm90(triton_copy: str) -
     reduce_rows = [tuple(map(int, (r[2], *r[4:]))) for r in rows if r[1] == "reduce"]
     assert len(reduce_rows) == 20, out
     for _mp, regs, stack, local, shfl in reduce_rows:
-        assert regs <= 255 and stack == 0 and local == 0 and shfl <= 40, out
+        assert regs <= 255 and stack == 0 and local == 0 and shfl <= 4 * 40, out
 
 
 @pytest.mark.skipif(hopper_import_error() is not None, reason=str(hopper_import_error()))

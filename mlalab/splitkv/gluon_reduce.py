@@ -52,6 +52,72 @@ def _head_of_column(c, FP16: gl.constexpr):
 
 
 @gluon.jit
+def _merge_block(lse_ptrs, o_ptrs, pmask, LDH: gl.constexpr):
+    """One block of partials (LSE pointers (partial, column), output pointers (partial, dim, column); the partials
+    valid where `pmask`, the others point at a valid row and get weight 0 from their -inf LSE, so the output loads
+    need no mask): its max LSE per column m (-inf if every partial is empty), Σ_i 2^((L_i - m)·log2 e) O_i over the
+    slice, and Σ_i of those weights (both 0 for an empty block)."""
+    LOG2E: gl.constexpr = 1.4426950408889634
+    lp = gl.load(lse_ptrs, mask=pmask[:, None], other=float("-inf"))
+    o_p = gl.load(o_ptrs)
+    m = gl.max(lp, axis=0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    # base 2: one FFMA + MUFU.EX2 per weight (gl.exp compiles to ex2.approx.f32 with a range test and two predicated
+    # multiplies for subnormal results; gl.exp2 to ex2.approx.ftz). One warp's dependent instructions are this
+    # kernel's time (Nsight Compute, 4 x 1024: the first version executed 773 instructions per warp against the Triton
+    # reduce's 522, ~5-6 cycles each)
+    wgt = gl.exp2(lp * LOG2E - (m_safe * LOG2E)[None, :])
+    acc = gl.sum(gl.expand_dims(wgt, 1) * o_p.to(gl.float32), axis=0)
+    wsum = gl.convert_layout(gl.sum(wgt, axis=0), gl.SliceLayout(0, LDH))
+    return gl.convert_layout(m, gl.SliceLayout(0, LDH)), acc, wsum
+
+
+@gluon.jit
+def _merge_row(PART_O, PART_LSE, REDUCE_PARTIAL_MAP, s, n, u, first, lse_ptrs, o_ptrs, pm, offs_p, offs_p3, elem,
+               offs_c, H: gl.constexpr, DV: gl.constexpr, BLOCK_P: gl.constexpr, LDH: gl.constexpr):  # fmt: skip
+    """q row `u` of a tile: its first block of partials at `lse_ptrs` / `o_ptrs` straight (most tiles have no
+    other), further blocks (more than BLOCK_P partials) merged online."""
+    LOG2E: gl.constexpr = 1.4426950408889634
+    m, acc, wsum = _merge_block(lse_ptrs, o_ptrs, pm, LDH)
+    for p0 in range(BLOCK_P, n, BLOCK_P):
+        pmask = p0 + offs_p < n
+        rows = gl.where(pmask, gl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pmask, other=0), first) + u
+        pmask3 = p0 + offs_p3 < n
+        rows3 = gl.where(pmask3, gl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p3, mask=pmask3, other=0), first) + u
+        m_b, acc_b, wsum_b = _merge_block(
+            PART_LSE + rows.to(gl.int64)[:, None] * H + offs_c[None, :],
+            PART_O + rows3.to(gl.int64)[:, None, None] * (H * DV) + elem,
+            pmask,
+            LDH,
+        )
+        m_new = gl.maximum(m, m_b)
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        # each side was weighted relative to its own max; an all-empty side (-inf) gets factor 0
+        c = gl.exp2((m - m_ref) * LOG2E)
+        c_b = gl.exp2((m_b - m_ref) * LOG2E)
+        acc = acc * c[None, :] + acc_b * c_b[None, :]
+        wsum = wsum * c + wsum_b * c_b
+        m = m_new
+    return m, acc, wsum
+
+
+@gluon.jit
+def _store_row(OUT, OUT_LSE, r, m, acc, wsum, v_scale, stride_ot, stride_oh, head, head_o, d_o, H: gl.constexpr,
+               OUT_L: gl.constexpr):  # fmt: skip
+    """Normalise q row `r`'s merged slice and store it (and, from the first slice's programs, its LSEs)."""
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    w_safe = gl.where(wsum > 0.0, wsum, 1.0)
+    o = (acc * (v_scale / w_safe)[None, :]).to(OUT.dtype.element_ty)
+    # stored through a layout with up to 8 consecutive dims of a head per thread (one 16-byte vector): from the
+    # merge's layout (4 heads of one dim per thread) every 2-byte element would be its own partial-sector write
+    o = gl.convert_layout(o, OUT_L)
+    gl.store(OUT + r * stride_ot + head_o[None, :] * stride_oh + d_o[:, None], o)
+    if gl.program_id(1) == 0:
+        lse_out = gl.where(wsum > 0.0, m_safe + gl.log(w_safe), float("-inf"))
+        gl.store(OUT_LSE + r * H + head, lse_out)
+
+
+@gluon.jit
 def _reduce_kernel(
     PART_O,  # (P, 512, 16) head-minor partials: fp32, or fp16 in KV code units with heads in HEAD_MINOR_COLUMN order
     PART_LSE,  # (P, 16) fp32, in the same column order as PART_O
@@ -74,7 +140,6 @@ def _reduce_kernel(
     num_warps: gl.constexpr,
 ):
     gl.static_assert(H == 16, "4 lanes x 4 heads: written for 16 heads")
-    LOG2E: gl.constexpr = 1.4426950408889634
     FP16: gl.constexpr = PART_O.dtype.element_ty == gl.float16
     # (partial, dim, column): 4 columns per lane, 4 lanes per row, DPT·8/LP rows (dims); partials in registers, LP
     # lanes and the warps
@@ -94,10 +159,15 @@ def _reduce_kernel(
     offs_ch = gl.arange(0, H, layout=gl.SliceLayout(0, LDH))
     d = gl.program_id(1) * BLOCK_DV + offs_dh
     elem = gl.expand_dims(d[:, None] * H + offs_ch[None, :], 0)  # (1, dim, column) inside a partial row
+    # the first block's partial rows (q row 0) and their pointers, all before the wait (they come from the plan, not
+    # from stage 1); a masked partial points at the tile's first partial (weight 0 from its masked -inf LSE)
+    first = gl.load(REDUCE_PARTIAL_MAP + s)
     pm = offs_p < n
-    prow = gl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm, other=0)  # first block's partial rows (q row 0)
+    prow = gl.where(pm, gl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm, other=0), first)
     pm3 = offs_p3 < n
-    prow3 = gl.load(REDUCE_PARTIAL_MAP + s + offs_p3, mask=pm3, other=0)
+    prow3 = gl.where(pm3, gl.load(REDUCE_PARTIAL_MAP + s + offs_p3, mask=pm3, other=0), first)
+    lse_ptrs = PART_LSE + prow.to(gl.int64)[:, None] * H + offs_c[None, :]
+    o_ptrs = PART_O + prow3.to(gl.int64)[:, None, None] * (H * DV) + elem
     if FP16:
         v_scale = gl.load(V_SCALE)
     else:
@@ -114,45 +184,16 @@ def _reduce_kernel(
     d_o = gl.program_id(1) * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(1, OUT_L))
     head_o = _head_of_column(gl.arange(0, H, layout=gl.SliceLayout(0, OUT_L)), FP16)
     head = _head_of_column(offs_ch, FP16)
-    for r in range(q_start, q_end):
+    if q_end > q_start:  # q row 0 on the pointers above; the rows after it (q_len > 1) offset from them
+        m, acc, wsum = _merge_row(PART_O, PART_LSE, REDUCE_PARTIAL_MAP, s, n, 0, first, lse_ptrs, o_ptrs, pm, offs_p,
+                                  offs_p3, elem, offs_c, H, DV, BLOCK_P, LDH)  # fmt: skip
+        _store_row(OUT, OUT_LSE, q_start, m, acc, wsum, v_scale, stride_ot, stride_oh, head, head_o, d_o, H, OUT_L)
+    for r in range(q_start + 1, q_end):
         u = r - q_start
-        m = gl.full([H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, LDH))
-        acc = gl.zeros([BLOCK_DV, H], gl.float32, layout=LDH)
-        wsum = gl.zeros([H], gl.float32, layout=gl.SliceLayout(0, LDH))
-        rows, rows3, pmask, pmask3 = prow, prow3, pm, pm3
-        for p0 in range(0, n, BLOCK_P):
-            if p0 > 0:  # more than BLOCK_P partials: the next block's rows
-                pmask = p0 + offs_p < n
-                rows = gl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pmask, other=0)
-                pmask3 = p0 + offs_p3 < n
-                rows3 = gl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p3, mask=pmask3, other=0)
-            r64 = (rows + u).to(gl.int64)
-            r64_3 = (rows3 + u).to(gl.int64)
-            lp = gl.load(PART_LSE + r64[:, None] * H + offs_c[None, :], mask=pmask[:, None], other=float("-inf"))
-            o_p = gl.load(PART_O + r64_3[:, None, None] * (H * DV) + elem, mask=pmask3[:, None, None], other=0.0)
-            m_blk = gl.convert_layout(gl.max(lp, axis=0), gl.SliceLayout(0, LDH))
-            m_new = gl.maximum(m, m_blk)
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            corr = gl.exp2((m - m_safe) * LOG2E)  # 0 while m is -inf
-            m_safe_p = gl.convert_layout(m_safe * LOG2E, gl.SliceLayout(0, LPH))
-            # (partial, column): base 2, so one FFMA + MUFU.EX2 each (gl.exp compiles to ex2.approx.f32 with a range
-            # test and two predicated multiplies for subnormal results; gl.exp2 to ex2.approx.ftz); a masked partial's
-            # LSE is -inf: weight 0. One warp's dependent instructions are this kernel's time (Nsight Compute,
-            # 4 x 1024: 773 instructions per warp against the Triton reduce's 522, ~5-6 cycles each)
-            wgt = gl.exp2(lp * LOG2E - m_safe_p[None, :])
-            acc = acc * corr[None, :] + gl.sum(gl.expand_dims(wgt, 1) * o_p.to(gl.float32), axis=0)
-            wsum = wsum * corr + gl.convert_layout(gl.sum(wgt, axis=0), gl.SliceLayout(0, LDH))
-            m = m_new
-        m_safe = gl.where(m == float("-inf"), 0.0, m)
-        w_safe = gl.where(wsum > 0.0, wsum, 1.0)
-        o = (acc * (v_scale / w_safe)[None, :]).to(OUT.dtype.element_ty)
-        # stored through a layout with up to 8 consecutive dims of a head per thread (one 16-byte vector): from the
-        # merge's layout (4 heads of one dim per thread) every 2-byte element would be its own partial-sector write
-        o = gl.convert_layout(o, OUT_L)
-        gl.store(OUT + r * stride_ot + head_o[None, :] * stride_oh + d_o[:, None], o)
-        if gl.program_id(1) == 0:
-            lse_out = gl.where(wsum > 0.0, m_safe + gl.log(w_safe), float("-inf"))
-            gl.store(OUT_LSE + r * H + head, lse_out)
+        m, acc, wsum = _merge_row(PART_O, PART_LSE, REDUCE_PARTIAL_MAP, s, n, u, first, lse_ptrs + u * H,
+                                  o_ptrs + u * (H * DV), pm, offs_p, offs_p3, elem, offs_c, H, DV, BLOCK_P,
+                                  LDH)  # fmt: skip
+        _store_row(OUT, OUT_LSE, r, m, acc, wsum, v_scale, stride_ot, stride_oh, head, head_o, d_o, H, OUT_L)
 
 
 reduce_kernel = _reduce_kernel
