@@ -21,6 +21,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .gluon_hopper_vreg import _lg2_approx, _rcp_approx
+
 __all__ = ["reduce_kernel", "launch_shape"]
 
 
@@ -106,14 +108,16 @@ def _store_row(OUT, OUT_LSE, r, m, acc, wsum, v_scale, stride_ot, stride_oh, hea
                OUT_L: gl.constexpr):  # fmt: skip
     """Normalise q row `r`'s merged slice and store it (and, from the first slice's programs, its LSEs)."""
     m_safe = gl.where(m == float("-inf"), 0.0, m)
-    w_safe = gl.where(wsum > 0.0, wsum, 1.0)
-    o = (acc * (v_scale / w_safe)[None, :]).to(OUT.dtype.element_ty)
+    w_safe = gl.where(wsum > 0.0, wsum, 1.0)  # (>= 1 where a partial has a token: its max contributes 2^0)
+    # 1 / w and log w on the SFU, as stage 1's epilogue does (`gluon_hopper_vreg._normaliser`): the IEEE division
+    # and gl.log add a range test, Newton steps and a ~25-instruction software log to one warp's chain
+    o = (acc * (v_scale * _rcp_approx(w_safe))[None, :]).to(OUT.dtype.element_ty)
     # stored through a layout with up to 8 consecutive dims of a head per thread (one 16-byte vector): from the
     # merge's layout (4 heads of one dim per thread) every 2-byte element would be its own partial-sector write
     o = gl.convert_layout(o, OUT_L)
     gl.store(OUT + r * stride_ot + head_o[None, :] * stride_oh + d_o[:, None], o)
     if gl.program_id(1) == 0:
-        lse_out = gl.where(wsum > 0.0, m_safe + gl.log(w_safe), float("-inf"))
+        lse_out = gl.where(wsum > 0.0, m_safe + _lg2_approx(w_safe) * 0.6931471805599453, float("-inf"))
         gl.store(OUT_LSE + r * H + head, lse_out)
 
 
