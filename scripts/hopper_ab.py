@@ -83,6 +83,9 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # busy CTAs, each with more tiles, spread over the grid of one CTA per SM
     "pb128": (1, dict(plan_block=128)),
     "pb256": (1, dict(plan_block=256)),
+    # 128-token works with fp16 partials and the Gluon reduce forced (auto takes them only from 8 split tiles): at
+    # batch 4 x 1024 tokens 8 partials per request, all in each thread's registers in the Gluon reduce
+    "pb128p16gr": (1, dict(plan_block=128, hopper_partials="fp16", hopper_reduce="gluon")),
     # fp16 partials in KV code units (`KernelConfig.hopper_partials`): half the bytes stored and merged; with the
     # Triton reduce (p16, as in session 14's first A/Bs) and with the Gluon reduce (p16gr, what "auto" picks)
     "p16": (1, dict(hopper_partials="fp16", hopper_reduce="triton")),
@@ -91,6 +94,10 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "p32": (1, dict(hopper_partials="fp32", hopper_reduce="triton")),
     # the reduce in Gluon (partials in registers, from 16 on across 2 lanes and the warps), fp32 / fp16 partials
     "gr": (1, dict(hopper_partials="fp32", hopper_reduce="gluon")),
+    # both reduces launched after stage 1 (not as its programmatic dependent): is the Gluon reduce's extra time on fp32
+    # partials (~0.8 us at 16 partials, session 15) lost in the early launch?
+    "p32-nopdl": (1, dict(hopper_partials="fp32", hopper_reduce="triton", pdl=False)),
+    "gr-nopdl": (1, dict(hopper_partials="fp32", hopper_reduce="gluon", pdl=False)),
     "p16gr": (1, dict(hopper_partials="fp16", hopper_reduce="gluon")),
     "v-conv-p16gr": (1, dict(hopper_variant="v-conv", hopper_partials="fp16", hopper_reduce="gluon")),
 }
