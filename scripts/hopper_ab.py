@@ -9,6 +9,7 @@ calls over KV copies rotated past the L2) on the competition shapes. Prints one 
     python scripts/hopper_ab.py --precision bf16 --variants portable,v-tile   # bf16: FlashMLA bf16 beside
     python scripts/hopper_ab.py --precision a16w8 --peers flashinfer --variants portable,v-conv
     python scripts/hopper_ab.py --no-check --variants auto,auto@64,auto@96   # plans of 64 / 96 slots (CTAs)
+    python scripts/hopper_ab.py --variants p16gr,p16gr~half   # the Gluon reduce with half the values per thread
 
 A variant's knobs run the sm_90 kernel (``kernel="hopper"``) unless they name another ``kernel``.
 """
@@ -16,8 +17,10 @@ A variant's knobs run the sm_90 kernel (``kernel="hopper"``) unless they name an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -83,6 +86,9 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # busy CTAs, each with more tiles, spread over the grid of one CTA per SM
     "pb128": (1, dict(plan_block=128)),
     "pb256": (1, dict(plan_block=256)),
+    # 128-token works with fp16 partials and the Gluon reduce forced (auto takes them only from 8 split tiles): at
+    # batch 4 x 1024 tokens 8 partials per request, all in each thread's registers in the Gluon reduce
+    "pb128p16gr": (1, dict(plan_block=128, hopper_partials="fp16", hopper_reduce="gluon")),
     # fp16 partials in KV code units (`KernelConfig.hopper_partials`): half the bytes stored and merged; with the
     # Triton reduce (p16, as in session 14's first A/Bs) and with the Gluon reduce (p16gr, what "auto" picks)
     "p16": (1, dict(hopper_partials="fp16", hopper_reduce="triton")),
@@ -91,6 +97,10 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     "p32": (1, dict(hopper_partials="fp32", hopper_reduce="triton")),
     # the reduce in Gluon (partials in registers, from 16 on across 2 lanes and the warps), fp32 / fp16 partials
     "gr": (1, dict(hopper_partials="fp32", hopper_reduce="gluon")),
+    # both reduces launched after stage 1 (not as its programmatic dependent): is the Gluon reduce's extra time on fp32
+    # partials (~0.8 us at 16 partials, session 15) lost in the early launch?
+    "p32-nopdl": (1, dict(hopper_partials="fp32", hopper_reduce="triton", pdl=False)),
+    "gr-nopdl": (1, dict(hopper_partials="fp32", hopper_reduce="gluon", pdl=False)),
     "p16gr": (1, dict(hopper_partials="fp16", hopper_reduce="gluon")),
     "v-conv-p16gr": (1, dict(hopper_variant="v-conv", hopper_partials="fp16", hopper_reduce="gluon")),
 }
@@ -98,11 +108,37 @@ VARIANTS: dict[str, tuple[int, dict]] = {
 
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
+#: ``variant~NAME``: the Gluon reduce with its launch shape (`gluon_reduce.launch_shape`) rewritten for the experiment.
+#: half: up to 8 partials, half the value dims per thread (32 values instead of 64: a shorter chain of dependent
+#: instructions per warp, twice the programs)
+REDUCE_SHAPES: dict[str, Callable[[dict], dict]] = {
+    "half": lambda s: {**s, "DPT": max(1, s["DPT"] // 2)} if s["LP"] == 1 else s,
+}
+
+
+@contextlib.contextmanager
+def reduce_shape(name: str) -> Iterator[None]:
+    """While a ``variant~NAME`` builds its decoders: `gluon_reduce.launch_shape` rewritten by `REDUCE_SHAPES`."""
+    from mlalab.splitkv import gluon_reduce
+
+    key = name.partition("~")[2]
+    if not key:
+        yield
+        return
+    if key not in REDUCE_SHAPES:
+        raise SystemExit(f"unknown reduce shape {key!r}; valid: {', '.join(REDUCE_SHAPES)}")
+    original = gluon_reduce.launch_shape
+    gluon_reduce.launch_shape = lambda n: REDUCE_SHAPES[key](original(n))
+    try:
+        yield
+    finally:
+        gluon_reduce.launch_shape = original
+
 
 def variant(name: str, sms: int) -> tuple[int, dict]:
     """``(plan slots, knobs)`` of a variant name: one of `VARIANTS`, optionally ``@N`` for a plan of N slots (CTAs)
     instead of the variant's slots per SM times the SMs, e.g. ``auto@64``: the default kernel on 64 slots."""
-    base, _, slots = name.partition("@")
+    base, _, slots = name.partition("~")[0].partition("@")
     if base not in VARIANTS:
         raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots)")
     per_sm, knobs = VARIANTS[base]
@@ -134,7 +170,8 @@ def check(name: str, sms: int, precision: str = "a8w8") -> bool:
         for planner in ("simple", "balanced"):
             plan = build_plan(x, planner, slots, **({"block": block} if planner == "simple" else {}))
             try:
-                dec = TritonDecoder(p, plan, config=KernelConfig(**knobs))
+                with reduce_shape(name):
+                    dec = TritonDecoder(p, plan, config=KernelConfig(**knobs))
                 for rep in range(2):  # twice: a second call on the same decoder must give the same result
                     dec.out.fill_(float("nan"))
                     dec.lse.fill_(float("nan"))
@@ -178,6 +215,8 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in names:  # unknown names fail before any timing
         variant(n, sms)
+        with reduce_shape(n):
+            pass
     t0 = time.time()
     good = dict.fromkeys(names, True)
     if not a.no_check:
@@ -205,8 +244,9 @@ def main() -> None:
         for name in names:
             slots, knobs = variant(name, sms)
             try:
-                call, info = make_callable(x, precision=a.precision, n_copies=n, num_cus=slots,
-                                           **{"kernel": "hopper", **knobs})  # fmt: skip
+                with reduce_shape(name):
+                    call, info = make_callable(x, precision=a.precision, n_copies=n, num_cus=slots,
+                                               **{"kernel": "hopper", **knobs})  # fmt: skip
                 call(0)
                 _refs_before(x, a.refs_before, a.precision)
                 line[name] = time_callable(call, n)["us_median"]
