@@ -14,6 +14,13 @@ shared memory; 16 in one thread spilled). Grid: (split tiles, 512 // (DPT·8/LP)
 merged slice is stored through shared memory as 16-byte vectors of consecutive dims: stored from the merge's layout
 (4 heads of one dim per thread), every 2-byte element was its own write, and a first version took 4.8 / 8.0 us alone
 at 8 x 1024 / 32 x 1024 against the Triton reduce's 2.9 / 3.1 (H200).
+
+What paces it: one warp per program and per scheduler, so a program's time is its chain of dependent instructions
+(Nsight Compute, H200, 4 x 1024: ~5-6 cycles per instruction, 80 % of cycles with no eligible warp; the first version
+executed 773 instructions per warp, the Triton reduce 522). Hence: weights in base 2 (one FFMA + MUFU.EX2 each),
+normalisation on the SFU, the common tile (one q row, at most BLOCK_P partials) merged straight with no running state,
+and everything that comes from the plan (rows, pointers) computed before the wait on stage 1.
+`scripts/reduce_sass_path.py` counts the instructions of that path in the SASS.
 """
 
 from __future__ import annotations
