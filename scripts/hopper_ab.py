@@ -121,12 +121,10 @@ def reduce_shape(name: str) -> Iterator[None]:
     """While a ``variant~NAME`` builds its decoders: `gluon_reduce.launch_shape` rewritten by `REDUCE_SHAPES`."""
     from mlalab.splitkv import gluon_reduce
 
-    key = name.partition("~")[2]
+    key = name.partition("~")[2]  # (checked by `variant`, which every caller runs first)
     if not key:
         yield
         return
-    if key not in REDUCE_SHAPES:
-        raise SystemExit(f"unknown reduce shape {key!r}; valid: {', '.join(REDUCE_SHAPES)}")
     original = gluon_reduce.launch_shape
     gluon_reduce.launch_shape = lambda n: REDUCE_SHAPES[key](original(n))
     try:
@@ -137,10 +135,14 @@ def reduce_shape(name: str) -> Iterator[None]:
 
 def variant(name: str, sms: int) -> tuple[int, dict]:
     """``(plan slots, knobs)`` of a variant name: one of `VARIANTS`, optionally ``@N`` for a plan of N slots (CTAs)
-    instead of the variant's slots per SM times the SMs, e.g. ``auto@64``: the default kernel on 64 slots."""
-    base, _, slots = name.partition("~")[0].partition("@")
+    instead of the variant's slots per SM times the SMs, e.g. ``auto@64``: the default kernel on 64 slots, and
+    optionally ``~NAME`` for a Gluon reduce launch shape of `REDUCE_SHAPES` (applied by `reduce_shape`)."""
+    name, _, shape = name.partition("~")
+    base, _, slots = name.partition("@")
     if base not in VARIANTS:
         raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots)")
+    if shape and shape not in REDUCE_SHAPES:
+        raise SystemExit(f"unknown reduce shape {shape!r}; valid: {', '.join(REDUCE_SHAPES)}")
     per_sm, knobs = VARIANTS[base]
     return (int(slots) if slots else sms * per_sm), knobs
 
@@ -215,8 +217,6 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in names:  # unknown names fail before any timing
         variant(n, sms)
-        with reduce_shape(n):
-            pass
     t0 = time.time()
     good = dict.fromkeys(names, True)
     if not a.no_check:

@@ -1,8 +1,13 @@
 """Run stage 1 + each reduce (Triton / Gluon, fp32 partials) a few times at one shape, for Nsight Compute to profile
 the reduce kernels alone (GPU only; session 15's probe of the Gluon reduce's extra ~1 us at 16 and 33 partials):
 
-    ncu --clock-control none --kernel-name regex:reduce --launch-skip 2 --launch-count 2 --set full \
+    ncu --clock-control none --cache-control none --kernel-name regex:^_reduce_kernel --launch-skip 2 \
+        --launch-count 2 --section SpeedOfLight --section WarpStateStats --section InstructionStats \
         python3 scripts/ncu_reduce_probe.py 4 1024
+
+Each reduce runs 3 times (Triton first, then Gluon; both kernels are named ``_reduce_kernel``, torch's own
+``reduce_kernel`` is not), so skipping 2 profiles the Triton reduce's third call and the Gluon reduce's first.
+``--cache-control none``: the partials stay in L2 as in a real call (ncu flushes caches between passes otherwise).
 """
 
 from __future__ import annotations
@@ -18,7 +23,11 @@ from mlalab.splitkv.triton_mla import KernelConfig, TritonDecoder, prepare
 
 
 def main() -> None:
-    batch, kv_len = (int(a) for a in sys.argv[1:3])
+    if len(sys.argv) != 3 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[1:]):
+        raise SystemExit("usage: ncu_reduce_probe.py BATCH KV_LEN (positive integers, e.g. 4 1024)")
+    if not torch.cuda.is_available():
+        raise SystemExit("ncu_reduce_probe.py needs a CUDA GPU (the sm_90 kernels)")
+    batch, kv_len = int(sys.argv[1]), int(sys.argv[2])
     x = make_inputs(DecodeCase.uniform(batch, kv_len)).to("cuda")
     p = prepare(x, "a8w8")
     plan = build_plan(x, "simple")
