@@ -37,9 +37,12 @@ def launch_shape(max_partials: int) -> dict[str, int]:
     """``BLOCK_P`` (partials per block load: all of a tile's, up to 64; more go in further blocks), ``DPT`` (value
     dims per thread), ``LP`` (lanes sharing the partials), ``num_warps`` (warps sharing them) and ``maxnreg`` for
     tiles of at most `max_partials` partials. Up to 8: every partial of a thread's elements in its registers, one
-    warp, 8·DPT dims per program. From 16 on (16 partials in one thread needed all 255 registers and spilled in
-    fp32): 8 per thread, 2 lanes and up to 4 warps share them (one shuffle, one merge through shared memory), 4 dims
-    per program (twice the programs: a batch of 4 split requests had too few with 8)."""
+    warp, 8·DPT dims per program, 8 values of a partial per thread (H200, 2026-12-04: half of the 16 before, i.e.
+    twice the programs, each a shorter chain of dependent instructions: 32 x 1024 10.70 vs 11.27 us, 64 x 1024
+    15.46 vs 15.87, data/profiles/h200_2026-12-04_ab_s16_reduce.csv). From 16 on (16 partials in one thread
+    needed all 255 registers and spilled in fp32): 8 per thread, 2 lanes and up to 4 warps share them (one
+    shuffle, one merge through shared memory), 4 dims per program (twice the programs: a batch of 4 split
+    requests had too few with 8)."""
     if type(max_partials) is not int or max_partials < 1:
         raise ValueError(f"max_partials must be an int >= 1, got {max_partials!r}")
     block_p = 2
@@ -47,7 +50,7 @@ def launch_shape(max_partials: int) -> dict[str, int]:
         block_p *= 2
     # (maxnreg: without it ptxas of Triton 3.6 held the 4-warp program to 128 registers and spilled)
     if block_p <= 8:
-        return {"BLOCK_P": block_p, "DPT": 16 // block_p, "LP": 1, "num_warps": 1, "maxnreg": 255}
+        return {"BLOCK_P": block_p, "DPT": 8 // block_p, "LP": 1, "num_warps": 1, "maxnreg": 255}
     return {"BLOCK_P": block_p, "DPT": 1, "LP": 2, "num_warps": block_p // 16, "maxnreg": 255}
 
 
