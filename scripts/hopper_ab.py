@@ -109,10 +109,12 @@ VARIANTS: dict[str, tuple[int, dict]] = {
 SHAPES = [(b, n) for n in (1024, 8192) for b in (4, 8, 16, 32, 64, 128)]
 
 #: ``variant~NAME``: the Gluon reduce with its launch shape (`gluon_reduce.launch_shape`) rewritten for the experiment.
-#: half: up to 8 partials, half the value dims per thread (32 values instead of 64: a shorter chain of dependent
-#: instructions per warp, twice the programs)
+#: half / double: up to 8 partials, half / twice the value dims per thread (a shorter chain of dependent instructions
+#: per warp and twice the programs, or the reverse). ``double`` is the shape up to session 15 (64 values per thread;
+#: ``half`` of it, 32, won the A/B of 2026-12-04 and became the default).
 REDUCE_SHAPES: dict[str, Callable[[dict], dict]] = {
     "half": lambda s: {**s, "DPT": max(1, s["DPT"] // 2)} if s["LP"] == 1 else s,
+    "double": lambda s: {**s, "DPT": s["DPT"] * 2} if s["LP"] == 1 else s,
 }
 
 

@@ -14,6 +14,13 @@ shared memory; 16 in one thread spilled). Grid: (split tiles, 512 // (DPT·8/LP)
 merged slice is stored through shared memory as 16-byte vectors of consecutive dims: stored from the merge's layout
 (4 heads of one dim per thread), every 2-byte element was its own write, and a first version took 4.8 / 8.0 us alone
 at 8 x 1024 / 32 x 1024 against the Triton reduce's 2.9 / 3.1 (H200).
+
+What paces it: one warp per program and per scheduler, so a program's time is its chain of dependent instructions
+(Nsight Compute, H200, 4 x 1024: ~5-6 cycles per instruction, 80 % of cycles with no eligible warp; the first version
+executed 773 instructions per warp, the Triton reduce 522). Hence: weights in base 2 (one FFMA + MUFU.EX2 each),
+normalisation on the SFU, the common tile (one q row, at most BLOCK_P partials) merged straight with no running state,
+and everything that comes from the plan (rows, pointers) computed before the wait on stage 1.
+`scripts/reduce_sass_path.py` counts the instructions of that path in the SASS.
 """
 
 from __future__ import annotations
@@ -21,24 +28,30 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .gluon_hopper_vreg import _lg2_approx, _rcp_approx
+
 __all__ = ["reduce_kernel", "launch_shape"]
 
 
 def launch_shape(max_partials: int) -> dict[str, int]:
     """``BLOCK_P`` (partials per block load: all of a tile's, up to 64; more go in further blocks), ``DPT`` (value
-    dims per thread), ``LP`` (lanes sharing the partials) and ``num_warps`` (warps sharing them) for tiles of at
-    most `max_partials` partials. Up to 8: every partial of a thread's elements in its registers, one warp, 8·DPT
-    dims per program. From 16 on (16 partials in one thread needed all 255 registers and spilled in fp32): 8 per
-    thread, 2 lanes and up to 4 warps share them (one shuffle, one merge through shared memory), 4 dims per program
-    (twice the programs: a batch of 4 split requests had too few with 8)."""
+    dims per thread), ``LP`` (lanes sharing the partials), ``num_warps`` (warps sharing them) and ``maxnreg`` for
+    tiles of at most `max_partials` partials. Up to 8: every partial of a thread's elements in its registers, one
+    warp, 8·DPT dims per program, 8 values of a partial per thread (H200, 2026-12-04: half of the 16 before, i.e.
+    twice the programs, each a shorter chain of dependent instructions: 32 x 1024 10.70 vs 11.27 us, 64 x 1024
+    15.46 vs 15.87, data/profiles/h200_2026-12-04_ab_s16_reduce.csv). From 16 on (16 partials in one thread
+    needed all 255 registers and spilled in fp32): 8 per thread, 2 lanes and up to 4 warps share them (one
+    shuffle, one merge through shared memory), 4 dims per program (twice the programs: a batch of 4 split
+    requests had too few with 8)."""
     if type(max_partials) is not int or max_partials < 1:
         raise ValueError(f"max_partials must be an int >= 1, got {max_partials!r}")
     block_p = 2
     while block_p < min(max_partials, 64):
         block_p *= 2
+    # (maxnreg: without it ptxas of Triton 3.6 held the 4-warp program to 128 registers and spilled)
     if block_p <= 8:
-        return {"BLOCK_P": block_p, "DPT": 16 // block_p, "LP": 1, "num_warps": 1}
-    return {"BLOCK_P": block_p, "DPT": 1, "LP": 2, "num_warps": block_p // 16}
+        return {"BLOCK_P": block_p, "DPT": 8 // block_p, "LP": 1, "num_warps": 1, "maxnreg": 255}
+    return {"BLOCK_P": block_p, "DPT": 1, "LP": 2, "num_warps": block_p // 16, "maxnreg": 255}
 
 
 @gluon.jit
@@ -48,6 +61,74 @@ def _head_of_column(c, FP16: gl.constexpr):
     if FP16:
         c = ((c >> 2) << 1) | (c & 1) | (((c >> 1) & 1) << 3)
     return c
+
+
+@gluon.jit
+def _merge_block(lse_ptrs, o_ptrs, pmask, LDH: gl.constexpr):
+    """One block of partials (LSE pointers (partial, column), output pointers (partial, dim, column); the partials
+    valid where `pmask`, the others point at a valid row and get weight 0 from their -inf LSE, so the output loads
+    need no mask): its max LSE per column m (-inf if every partial is empty), Σ_i 2^((L_i - m)·log2 e) O_i over the
+    slice, and Σ_i of those weights (both 0 for an empty block)."""
+    LOG2E: gl.constexpr = 1.4426950408889634
+    lp = gl.load(lse_ptrs, mask=pmask[:, None], other=float("-inf"))
+    o_p = gl.load(o_ptrs)
+    m = gl.max(lp, axis=0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    # base 2: one FFMA + MUFU.EX2 per weight (gl.exp compiles to ex2.approx.f32 with a range test and two predicated
+    # multiplies for subnormal results; gl.exp2 to ex2.approx.ftz). One warp's dependent instructions are this
+    # kernel's time (Nsight Compute, 4 x 1024: the first version executed 773 instructions per warp against the Triton
+    # reduce's 522, ~5-6 cycles each)
+    wgt = gl.exp2(lp * LOG2E - (m_safe * LOG2E)[None, :])
+    acc = gl.sum(gl.expand_dims(wgt, 1) * o_p.to(gl.float32), axis=0)
+    wsum = gl.convert_layout(gl.sum(wgt, axis=0), gl.SliceLayout(0, LDH))
+    return gl.convert_layout(m, gl.SliceLayout(0, LDH)), acc, wsum
+
+
+@gluon.jit
+def _merge_row(PART_O, PART_LSE, REDUCE_PARTIAL_MAP, s, n, u, first, lse_ptrs, o_ptrs, pm, offs_p, offs_p3, elem,
+               offs_c, H: gl.constexpr, DV: gl.constexpr, BLOCK_P: gl.constexpr, LDH: gl.constexpr):  # fmt: skip
+    """q row `u` of a tile: its first block of partials at `lse_ptrs` / `o_ptrs` straight (most tiles have no
+    other), further blocks (more than BLOCK_P partials) merged online."""
+    LOG2E: gl.constexpr = 1.4426950408889634
+    m, acc, wsum = _merge_block(lse_ptrs, o_ptrs, pm, LDH)
+    for p0 in range(BLOCK_P, n, BLOCK_P):
+        pmask = p0 + offs_p < n
+        rows = gl.where(pmask, gl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pmask, other=0), first) + u
+        pmask3 = p0 + offs_p3 < n
+        rows3 = gl.where(pmask3, gl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p3, mask=pmask3, other=0), first) + u
+        m_b, acc_b, wsum_b = _merge_block(
+            PART_LSE + rows.to(gl.int64)[:, None] * H + offs_c[None, :],
+            PART_O + rows3.to(gl.int64)[:, None, None] * (H * DV) + elem,
+            pmask,
+            LDH,
+        )
+        m_new = gl.maximum(m, m_b)
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        # each side was weighted relative to its own max; an all-empty side (-inf) gets factor 0
+        c = gl.exp2((m - m_ref) * LOG2E)
+        c_b = gl.exp2((m_b - m_ref) * LOG2E)
+        acc = acc * c[None, :] + acc_b * c_b[None, :]
+        wsum = wsum * c + wsum_b * c_b
+        m = m_new
+    return m, acc, wsum
+
+
+@gluon.jit
+def _store_row(OUT, OUT_LSE, r, m, acc, wsum, v_scale, stride_ot, stride_oh, head, head_o, d_o, H: gl.constexpr,
+               OUT_L: gl.constexpr):  # fmt: skip
+    """Normalise q row `r`'s merged slice and store it (and, from the first slice's programs, its LSEs)."""
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    w_safe = gl.where(wsum > 0.0, wsum, 1.0)  # (>= 1 where a partial has a token: its max contributes 2^0)
+    # 1 / w and log w on the SFU, as stage 1's epilogue does (`gluon_hopper_vreg._normaliser`): the IEEE division
+    # and gl.log add a range test, Newton steps and a ~25-instruction software log to one warp's chain
+    o = (acc * (v_scale * _rcp_approx(w_safe))[None, :]).to(OUT.dtype.element_ty)
+    # stored through a layout with up to 8 consecutive dims of a head per thread (one 16-byte vector): from the
+    # merge's layout (4 heads of one dim per thread) every 2-byte element would be its own partial-sector write
+    o = gl.convert_layout(o, OUT_L)
+    gl.store(OUT + r * stride_ot + head_o[None, :] * stride_oh + d_o[:, None], o)
+    if gl.program_id(1) == 0:
+        lse_out = gl.where(wsum > 0.0, m_safe + _lg2_approx(w_safe) * 0.6931471805599453, float("-inf"))
+        gl.store(OUT_LSE + r * H + head, lse_out)
 
 
 @gluon.jit
@@ -92,10 +173,15 @@ def _reduce_kernel(
     offs_ch = gl.arange(0, H, layout=gl.SliceLayout(0, LDH))
     d = gl.program_id(1) * BLOCK_DV + offs_dh
     elem = gl.expand_dims(d[:, None] * H + offs_ch[None, :], 0)  # (1, dim, column) inside a partial row
+    # the first block's partial rows (q row 0) and their pointers, all before the wait (they come from the plan, not
+    # from stage 1); a masked partial points at the tile's first partial (weight 0 from its masked -inf LSE)
+    first = gl.load(REDUCE_PARTIAL_MAP + s)
     pm = offs_p < n
-    prow = gl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm, other=0)  # first block's partial rows (q row 0)
+    prow = gl.where(pm, gl.load(REDUCE_PARTIAL_MAP + s + offs_p, mask=pm, other=0), first)
     pm3 = offs_p3 < n
-    prow3 = gl.load(REDUCE_PARTIAL_MAP + s + offs_p3, mask=pm3, other=0)
+    prow3 = gl.where(pm3, gl.load(REDUCE_PARTIAL_MAP + s + offs_p3, mask=pm3, other=0), first)
+    lse_ptrs = PART_LSE + prow.to(gl.int64)[:, None] * H + offs_c[None, :]
+    o_ptrs = PART_O + prow3.to(gl.int64)[:, None, None] * (H * DV) + elem
     if FP16:
         v_scale = gl.load(V_SCALE)
     else:
@@ -112,41 +198,16 @@ def _reduce_kernel(
     d_o = gl.program_id(1) * BLOCK_DV + gl.arange(0, BLOCK_DV, layout=gl.SliceLayout(1, OUT_L))
     head_o = _head_of_column(gl.arange(0, H, layout=gl.SliceLayout(0, OUT_L)), FP16)
     head = _head_of_column(offs_ch, FP16)
-    for r in range(q_start, q_end):
+    if q_end > q_start:  # q row 0 on the pointers above; the rows after it (q_len > 1) offset from them
+        m, acc, wsum = _merge_row(PART_O, PART_LSE, REDUCE_PARTIAL_MAP, s, n, 0, first, lse_ptrs, o_ptrs, pm, offs_p,
+                                  offs_p3, elem, offs_c, H, DV, BLOCK_P, LDH)  # fmt: skip
+        _store_row(OUT, OUT_LSE, q_start, m, acc, wsum, v_scale, stride_ot, stride_oh, head, head_o, d_o, H, OUT_L)
+    for r in range(q_start + 1, q_end):
         u = r - q_start
-        m = gl.full([H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, LDH))
-        acc = gl.zeros([BLOCK_DV, H], gl.float32, layout=LDH)
-        wsum = gl.zeros([H], gl.float32, layout=gl.SliceLayout(0, LDH))
-        rows, rows3, pmask, pmask3 = prow, prow3, pm, pm3
-        for p0 in range(0, n, BLOCK_P):
-            if p0 > 0:  # more than BLOCK_P partials: the next block's rows
-                pmask = p0 + offs_p < n
-                rows = gl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p, mask=pmask, other=0)
-                pmask3 = p0 + offs_p3 < n
-                rows3 = gl.load(REDUCE_PARTIAL_MAP + s + p0 + offs_p3, mask=pmask3, other=0)
-            r64 = (rows + u).to(gl.int64)
-            r64_3 = (rows3 + u).to(gl.int64)
-            lp = gl.load(PART_LSE + r64[:, None] * H + offs_c[None, :], mask=pmask[:, None], other=float("-inf"))
-            o_p = gl.load(PART_O + r64_3[:, None, None] * (H * DV) + elem, mask=pmask3[:, None, None], other=0.0)
-            m_blk = gl.convert_layout(gl.max(lp, axis=0), gl.SliceLayout(0, LDH))
-            m_new = gl.maximum(m, m_blk)
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            corr = gl.exp(m - m_safe)  # 0 while m is -inf
-            m_safe_p = gl.convert_layout(m_safe, gl.SliceLayout(0, LPH))
-            wgt = gl.where(pmask[:, None], gl.exp(lp - m_safe_p[None, :]), 0.0)  # (partial, column)
-            acc = acc * corr[None, :] + gl.sum(gl.expand_dims(wgt, 1) * o_p.to(gl.float32), axis=0)
-            wsum = wsum * corr + gl.convert_layout(gl.sum(wgt, axis=0), gl.SliceLayout(0, LDH))
-            m = m_new
-        m_safe = gl.where(m == float("-inf"), 0.0, m)
-        w_safe = gl.where(wsum > 0.0, wsum, 1.0)
-        o = (acc * (v_scale / w_safe)[None, :]).to(OUT.dtype.element_ty)
-        # stored through a layout with up to 8 consecutive dims of a head per thread (one 16-byte vector): from the
-        # merge's layout (4 heads of one dim per thread) every 2-byte element would be its own partial-sector write
-        o = gl.convert_layout(o, OUT_L)
-        gl.store(OUT + r * stride_ot + head_o[None, :] * stride_oh + d_o[:, None], o)
-        if gl.program_id(1) == 0:
-            lse_out = gl.where(wsum > 0.0, m_safe + gl.log(w_safe), float("-inf"))
-            gl.store(OUT_LSE + r * H + head, lse_out)
+        m, acc, wsum = _merge_row(PART_O, PART_LSE, REDUCE_PARTIAL_MAP, s, n, u, first, lse_ptrs + u * H,
+                                  o_ptrs + u * (H * DV), pm, offs_p, offs_p3, elem, offs_c, H, DV, BLOCK_P,
+                                  LDH)  # fmt: skip
+        _store_row(OUT, OUT_LSE, r, m, acc, wsum, v_scale, stride_ot, stride_oh, head, head_o, d_o, H, OUT_L)
 
 
 reduce_kernel = _reduce_kernel

@@ -530,8 +530,12 @@ def _merge_block(PART_O, PART_LSE, prow, pm, offs_h, offs_dh, m, acc, wsum, H: t
     o_p = o_p.to(tl.float32)
     m_new = tl.maximum(m, tl.max(lp, 0))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    corr = tl.exp(m - m_safe)  # 0 while m is -inf
-    wgt = tl.where(pm[:, None], tl.exp(lp - m_safe[None, :]), 0.0)  # (P, H)
+    # base 2: exp2 is one MUFU.EX2 (ex2.approx.ftz); tl.exp adds a range test and two predicated multiplies per
+    # element for subnormal results, and this merge is a short chain of dependent instructions per warp. A masked
+    # partial's LSE is -inf: weight 0
+    log2e: tl.constexpr = 1.4426950408889634
+    corr = tl.exp2((m - m_safe) * log2e)  # 0 while m is -inf
+    wgt = tl.exp2(lp * log2e - (m_safe * log2e)[None, :])  # (P, H)
     acc = acc * corr[None, :] + tl.sum(wgt[:, None, :] * o_p, 0)
     wsum = wsum * corr + tl.sum(wgt, 0)
     return m_new, acc, wsum

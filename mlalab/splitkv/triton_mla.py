@@ -218,8 +218,9 @@ class KernelConfig:
     ``hopper_partials`` (hopper; fp8 KV, i.e. a8w8 and a16w8): the split works' partial outputs in ``"fp32"``, or in
     ``"fp16"`` holding V in units of its fp8 codes (|o| <= the fp8 maximum: no overflow whatever the KV scale; the
     reduce applies the scale): half the bytes stage 1 stores and the reduce reads, one fp16 rounding (<= 2^-12
-    relative) of each partial before the merge; ``"auto"`` (default): fp16 for fp8 KV when the plan has at least
-    `HOPPER_FP16_MIN_SPLIT_TILES` split tiles, on 64-token tiles of one warpgroup without ``hopper_merge_splits``
+    relative) of each partial before the merge; ``"auto"`` (default): fp16 for fp8 KV on 64-token tiles of one
+    warpgroup without ``hopper_merge_splits`` (faster than fp32 at every competition shape since the Gluon reduce's
+    session-16 rewrite, data/profiles/h200_2026-12-04_ab_s16_reduce.csv)
     (two warpgroups spill with fp16 partials under Triton 3.9; 128-token tiles with fp16 partials compile but have
     not run on a GPU), else fp32. ``hopper_reduce`` (hopper):
     the reduce after the sm_90 stage 1, ``"triton"`` (`triton_decode.reduce_kernel`, the portable one), ``"gluon"``
@@ -449,12 +450,6 @@ HOPPER_DEFAULT_STAGES = {"vt-smem": 3, "v-regs": 3, "v-tile": 2, "v-conv": 2}
 HOPPER_BLOCKS = (64, 128)
 #: `KernelConfig.hopper_partials`: the partial outputs' type
 HOPPER_PARTIALS = ("auto", "fp32", "fp16")
-#: ``hopper_partials="auto"``: fp16 partials (and the Gluon reduce) for fp8 KV when the plan has at least this many
-#: split tiles. H200, 2026-12-04 (data/profiles/h200_2026-12-04_ab_fp16_gluon_reduce.csv): faster at 8 to 128 split
-#: requests (8 x 1024: 7.83 vs 8.58 us, 32 x 1024: 11.91 vs 12.79, 32 x 8192: 43.14 vs 44.73), slower with 4
-#: (4 x 1024: 6.76 vs 5.91 us; 4 x 8192 faster, 11.96 vs 12.29, but one rule for both)
-HOPPER_FP16_MIN_SPLIT_TILES = 8
-
 #: The deepest ring of 128-token tiles (74 KB a stage): 2 (plus q, P and the reductions' scratch in 227 KB).
 HOPPER_MAX_STAGES_128 = 2
 
@@ -698,7 +693,6 @@ class TritonDecoder:
         fp16 = config.hopper_partials == "fp16" or (
             config.hopper_partials == "auto" and prepared.precision is not Precision.BF16
             and not config.hopper_merge_splits and config.hopper_warpgroups == 1 and config.hopper_block == 64
-            and int((counts >= 2).sum()) >= HOPPER_FP16_MIN_SPLIT_TILES
         )  # fmt: skip
         part_dtype = torch.float16 if self.part_head_minor and fp16 else torch.float32
         self.part_o = torch.empty(shape, dtype=part_dtype, device=dev)
