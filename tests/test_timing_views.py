@@ -43,7 +43,7 @@ from mlalab.traffic import decode_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
-NEWEST_RUN = "h200_2026-12-04_run16.csv"  # the newest full run: the default view
+NEWEST_RUN = "h200_2026-12-04_run17.csv"  # the newest full run: the default view
 
 
 def test_readme_numbers_are_what_the_default_views_show() -> None:
@@ -278,15 +278,21 @@ def test_a8w8_only_run_is_shown_by_name_with_the_kernel_that_ran() -> None:
     tri = v.rows[v.rows["backend"] == "triton"]
     ran = {(int(b), int(n)): parse_config(c)["ran"] for b, n, c in zip(tri["batch"], tri["kv_len"], tri["config"])}
     # then (rule: v-regs from 16 tiles on some CTA) the long streams ran v-regs, the short ones vt-smem; since run 9
-    # (refill after the PV, rule: 1 tile) every shape runs v-regs; since run 16 with fp16 partials and the Gluon
-    # reduce where the plan splits >= 8 requests (HOPPER_FP16_MIN_SPLIT_TILES)
+    # (refill after the PV, rule: 1 tile) every shape runs v-regs; in run 16 with fp16 partials and the Gluon reduce
+    # where the plan split >= 8 requests, since run 17 (session 16) wherever the KV is fp8
     assert ran[(128, 8192)] == "hopper:v-regs" and ran[(4, 1024)] == "hopper:vt-smem" and HOPPER_LONG_STREAM == 1
-    now = recorded_view(df).rows
-    now = now[(now["backend"] == "triton") & (now["precision"] == "a8w8")]
-    ran_now = {(int(b), int(n)): parse_config(c)["ran"] for b, n, c in zip(now["batch"], now["kv_len"], now["config"])}
-    assert set(ran_now.values()) == {"hopper:v-regs", "hopper:v-regs+fp16-partials+gluon-reduce"}
-    assert ran_now[(4, 1024)] == ran_now[(4, 8192)] == "hopper:v-regs"  # 4 split requests: fp32 + Triton reduce
-    assert ran_now[(8, 1024)] == "hopper:v-regs+fp16-partials+gluon-reduce"
+
+    def a8w8_ran(run: str | None = None) -> dict[tuple[int, int], str]:
+        rows = recorded_view(df, run=run).rows
+        rows = rows[(rows["backend"] == "triton") & (rows["precision"] == "a8w8")]
+        shapes = zip(rows["batch"], rows["kv_len"], rows["config"])
+        return {(int(b), int(n)): parse_config(c)["ran"] for b, n, c in shapes}
+
+    ran_now = a8w8_ran()
+    assert set(ran_now.values()) == {"hopper:v-regs+fp16-partials+gluon-reduce"} and len(ran_now) == 12
+    ran16 = a8w8_ran("h200_2026-12-04_run16.csv")
+    assert ran16[(4, 1024)] == ran16[(4, 8192)] == "hopper:v-regs"  # 4 split requests: fp32 + Triton reduce
+    assert ran16[(8, 1024)] == "hopper:v-regs+fp16-partials+gluon-reduce"
 
 
 def test_newest_file_orders_run_numbers_by_value(tmp_path: Path) -> None:
