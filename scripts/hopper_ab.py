@@ -86,8 +86,8 @@ VARIANTS: dict[str, tuple[int, dict]] = {
     # busy CTAs, each with more tiles, spread over the grid of one CTA per SM
     "pb128": (1, dict(plan_block=128)),
     "pb256": (1, dict(plan_block=256)),
-    # 128-token works with fp16 partials and the Gluon reduce forced (auto takes them only from 8 split tiles): at
-    # batch 4 x 1024 tokens 8 partials per request, all in each thread's registers in the Gluon reduce
+    # 128-token works with fp16 partials and the Gluon reduce (auto takes them on 64-token tiles only): at batch
+    # 4 x 1024 tokens 8 partials per request, all in each thread's registers in the Gluon reduce
     "pb128p16gr": (1, dict(plan_block=128, hopper_partials="fp16", hopper_reduce="gluon")),
     # fp16 partials in KV code units (`KernelConfig.hopper_partials`): half the bytes stored and merged; with the
     # Triton reduce (p16, as in session 14's first A/Bs) and with the Gluon reduce (p16gr, what "auto" picks)

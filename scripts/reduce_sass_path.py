@@ -14,14 +14,9 @@ loop over further blocks, a skipped LSE store); check the branches it prints whe
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-import tempfile
 
-import torch
-from triton.runtime.driver import driver
-
-from mlalab.splitkv import gluon_reduce, sm90_build
+from mlalab.splitkv.sm90_build import compile_reduce
 
 
 def common_path(sass: str) -> tuple[int, int]:
@@ -39,24 +34,11 @@ def common_path(sass: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    driver.set_active(sm90_build._Sm90Driver())
-    i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
     for n in [int(a) for a in sys.argv[1:]] or [2, 4, 8, 16, 33]:
-        for dtype in (torch.float32, torch.float16):
-            shape = gluon_reduce.launch_shape(n)
-            with sm90_build._fresh_triton_cache():
-                ck = gluon_reduce.reduce_kernel.warmup(
-                    torch.zeros(64, 512, 16, dtype=dtype), torch.zeros(64, 16), i32(9), i32(16), i32(64), i32(8),
-                    torch.zeros(4, 16, 512, dtype=torch.bfloat16), torch.zeros(4, 16), torch.ones(1), 8192, 512,
-                    H=16, DV=512, USE_PDL=True, CHAIN=False, grid=(1,), **shape,
-                )  # fmt: skip
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(ck.asm["cubin"])
-                f.flush()
-                sass = subprocess.run([sm90_build._tool("cuobjdump"), "-sass", f.name], capture_output=True,
-                                      text=True, check=True).stdout  # fmt: skip
-            pre, post = common_path(sass)
-            print(f"{n:>3} partials {str(dtype)[6:]:>8} {shape}: {pre} before the wait, {post} after")
+        for partials in ("fp32", "fp16"):
+            r = compile_reduce(n, partials)
+            pre, post = common_path(r.listing)
+            print(f"{n:>3} partials {partials}, BLOCK_P {r.stages}: {pre} before the wait, {post} after")
 
 
 if __name__ == "__main__":

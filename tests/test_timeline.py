@@ -135,7 +135,7 @@ def test_gpu_timeline_of_a_ragged_batch_is_ordered_and_complete(variant: str) ->
     ref = dec()[0].clone()
     tl = dec.stage1_timeline()
     label = "v-regs+block128" if variant == "v-regs-128" else variant  # the kernel's own name for its variant
-    # 21 requests over 132 slots split into >= 8 tiles: 64-token tiles take fp16 partials and the Gluon reduce
+    # fp8 KV on 64-token tiles: fp16 partials and the Gluon reduce (`hopper_partials="auto"`)
     stage2 = "" if variant == "v-regs-128" else "+fp16-partials+gluon-reduce"
     assert tl.kernel == dec.ran == f"hopper:{label}{stage2}" and tl.n_cu == 132 and 1.0 < tl.clock_ghz < 2.5
     assert tl.clock_source == "launch"  # a 20-request batch of ~3000 tokens keeps CTAs busy for more than 2 us

@@ -35,6 +35,9 @@ from mlalab.timing import (
     rotation_copies,
 )
 
+#: the newest full recorded run: what the views, the panel and the CLI show by default
+DEFAULT_RUN = "h200_2026-12-04_run17.csv"
+
 
 def test_recorded_csvs_have_the_schema_and_the_competition_suite() -> None:
     df = load_recorded()
@@ -69,7 +72,7 @@ def test_figures_and_speedups_from_recorded_data() -> None:
     assert len(f.data) == 3
     assert len(roofline_figure(df, [("triton", "bf16")]).data) == 2
     t = speedup_table(df, ("triton", "a8w8"), [("flashmla", "a8w8")])
-    assert t.shape == (13, 1) and "run17" in t.attrs["view"]
+    assert t.shape == (13, 1) and DEFAULT_RUN.removesuffix(".csv").split("_")[-1] in t.attrs["view"]
     tb = speedup_table(df, ("triton", "a8w8"), [("flashmla", "a8w8")], best_of_all=True)
     assert tb.shape == (13, 3) and "best of" in tb.attrs["view"]  # ratios + which run/config won per series
     with pytest.raises(ValueError, match="no records"):
@@ -80,7 +83,7 @@ def test_panel_controls_change_the_figure() -> None:
     from mlalab.widgets.timing import timing_panel
 
     p = timing_panel()
-    assert "run17" in p.view.value and p.run.value == "h200_2026-12-04_run17.csv"
+    assert DEFAULT_RUN.removesuffix(".csv").split("_")[-1] in p.view.value and p.run.value == DEFAULT_RUN
     before = [tuple(t.y) for t in p.bars.data]
     p.precision.value = "bf16"
     assert [tuple(t.y) for t in p.bars.data] != before
@@ -94,7 +97,7 @@ def test_panel_controls_change_the_figure() -> None:
     best = timed()
     assert best != default and all(b <= d for bs, ds in zip(best, default) for b, d in zip(bs, ds))
     p.best_of_all.value = False
-    p.planner.value = "balanced"  # run17 has no balanced rows: message, empty figure
+    p.planner.value = "balanced"  # the default run has no balanced rows: message, empty figure
     assert "triton" in p.message.value and all(t.name != "triton a8w8" for t in p.bars.data)
 
 
@@ -114,7 +117,7 @@ def test_bench_cli_without_gpu_reads_recorded_data() -> None:
     r = subprocess.run([sys.executable, "-m", "mlalab", "bench", "--recorded"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "recorded data" in r.stdout and "flashmla" in r.stdout
-    assert "files read: h200_2026-12-04_run17.csv" in r.stdout and "143.10" in r.stdout  # one run, not min over all
+    assert f"files read: {DEFAULT_RUN}" in r.stdout and "143.10" in r.stdout  # one run, not min over all
     assert "477" not in r.stdout  # the d-chunk sweep's variant is not in the default view
     r = subprocess.run([sys.executable, "-m", "mlalab", "bench", "--recorded", "--best-of-all"],
                        capture_output=True, text=True)  # fmt: skip
@@ -166,9 +169,8 @@ def test_plan_of_record_rebuilds_the_recorded_plan() -> None:
     df = load_recorded()
     row = record_for_shape(df, 128, 8192)
     assert (
-        row["run"] == "h200_2026-12-04_run17.csv"
-        and row["us_median"]
-        == fastest_record(load_recorded().query("run == 'h200_2026-12-04_run17.csv'"), 128, 8192)["us_median"]
+        row["run"] == DEFAULT_RUN
+        and row["us_median"] == fastest_record(load_recorded().query("run == @DEFAULT_RUN"), 128, 8192)["us_median"]
     )
     plan = plan_of_record(row)
     cfg = parse_config(row["config"])

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BuildReport", "compile_hopper", "sass_counts", "main"]
+__all__ = ["BuildReport", "compile_hopper", "compile_reduce", "sass_counts", "main"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class BuildReport:
     #: per V access, as `gl.bank_conflicts` counts them (vt-smem: the transpose's load and store; v-regs: the load)
     bank_conflicts: tuple[int, ...]
     sass: dict[str, int] = field(default_factory=dict)  # opcode (with the first modifiers) -> count
+    #: the whole ``cuobjdump -sass`` listing (for walks along a path, `scripts/reduce_sass_path.py`)
+    listing: str = field(default="", repr=False, compare=False)
 
 
 class _Sm90Driver:
@@ -116,6 +118,7 @@ def _report(ck: Any, stages: int, conflicts: tuple[int, ...]) -> BuildReport:
         shared_bytes=int(ck.metadata.shared),
         bank_conflicts=conflicts,
         sass=sass_counts(sass.stdout),
+        listing=sass.stdout,
     )
 
 

@@ -219,10 +219,9 @@ class KernelConfig:
     ``"fp16"`` holding V in units of its fp8 codes (|o| <= the fp8 maximum: no overflow whatever the KV scale; the
     reduce applies the scale): half the bytes stage 1 stores and the reduce reads, one fp16 rounding (<= 2^-12
     relative) of each partial before the merge; ``"auto"`` (default): fp16 for fp8 KV on 64-token tiles of one
-    warpgroup without ``hopper_merge_splits`` (faster than fp32 at every competition shape since the Gluon reduce's
-    session-16 rewrite, data/profiles/h200_2026-12-04_ab_s16_reduce.csv)
-    (two warpgroups spill with fp16 partials under Triton 3.9; 128-token tiles with fp16 partials compile but have
-    not run on a GPU), else fp32. ``hopper_reduce`` (hopper):
+    warpgroup without ``hopper_merge_splits``, else fp32 (fp16 is faster at every competition shape since the Gluon
+    reduce's session-16 rewrite, data/profiles/h200_2026-12-04_ab_s16_reduce.csv; two warpgroups spill with fp16
+    partials under Triton 3.9; 128-token tiles with fp16 partials compile but have not run on a GPU). ``hopper_reduce`` (hopper):
     the reduce after the sm_90 stage 1, ``"triton"`` (`triton_decode.reduce_kernel`, the portable one), ``"gluon"``
     (`gluon_reduce`: the same merge with the partials in registers, an explicit layout instead of Triton's shuffle
     trees, which cost the fp16 partials their gain) or ``"auto"`` (default: gluon with fp16 partials, else triton).
