@@ -216,9 +216,11 @@ def main() -> None:
     a = ap.parse_args()
     names = [v for v in a.variants.split(",") if v]
     shapes = SHAPES if not a.shapes else [tuple(int(t) for t in s.split("x")) for s in a.shapes.split(",")]
+    for n in names:  # unknown names fail first, on any machine (the SM count only scales the plan slots)
+        variant(n, 1)
+    if not torch.cuda.is_available():
+        raise SystemExit("hopper_ab.py needs a CUDA GPU (it times the sm_90 kernels)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for n in names:  # unknown names fail before any timing
-        variant(n, sms)
     t0 = time.time()
     good = dict.fromkeys(names, True)
     if not a.no_check:
