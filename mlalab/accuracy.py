@@ -411,19 +411,3 @@ def direct_cast_demo(
                 }
             )
     return pd.DataFrame(rows)
-
-
-def main() -> None:
-    """Demo: the three headline numbers at batch 4, kv_len 1024, competition distribution."""
-    case = DecodeCase.uniform(4, 1024)
-    p = prepare(case)
-    for q, kv in (("bf16", "bf16"), ("fp8-tensor", "fp8-tensor"), ("bf16", "mxfp4-aiter")):
-        r = evaluate_prepared(p, q, kv)
-        print(
-            f"Q {q:<11} KV {kv:<12} rel-L2 {r['rel_l2']:.4%}  SQNR {r['sqnr_db']:.1f} dB  "
-            f"zeros mismatch@2e-2,8e-3 {r['zeros_mismatch@0.02,0.008']:.3g}"
-        )
-
-
-if __name__ == "__main__":
-    main()

@@ -19,7 +19,11 @@ __all__ = [
     "GpuTarget",
     "GPU_TARGETS",
     "get_target",
+    "COMPETITION_SHAPES",
 ]
+
+#: The 12 shapes (batch, kv_len) of the GPU MODE MLA-decode problem the timings are reported on (q_len 1).
+COMPETITION_SHAPES = [(b, L) for b in (4, 8, 16, 32, 64, 128) for L in (1024, 8192)]
 
 
 @dataclass(frozen=True)
@@ -216,12 +220,10 @@ GPU_TARGETS: dict[str, GpuTarget] = {
         "e4m3fn",
         448.0,
         4.8,
-        # Median of the device-to-device copy bandwidth measured in each of our sixteen recorded H200 runs
-        # (data/timings/*.csv, column copy_tbps: 3.99 to 4.14 TB/s; a test keeps it equal to that
-        # median). An earlier harness
-        # (research/peers_performance.md) measured 4.30 TB/s on the same kind of machine.
+        # the median of the device-to-device copy bandwidth measured in the recorded H200 runs (data/timings/*.csv,
+        # column copy_tbps; a test keeps it equal to that median)
         copy_tbps=4.08,
-        copy_source="median of the copy measurements in data/timings, H200, 2026-12-02/03",
+        copy_source="median of the copy measurements recorded in data/timings on the H200",
         vendor="NVIDIA",
     ),
 }

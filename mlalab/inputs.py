@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_indptr, check_int, ensure_fits
-from .config import MLA, DecodeCase, InputDist
+from .config import DecodeCase, InputDist
 
 __all__ = [
     "DecodeInputs",
@@ -217,24 +217,3 @@ def make_inputs(case: DecodeCase, device: str | torch.device = "cpu") -> DecodeI
         start += n
     qo_indptr = torch.arange(case.batch + 1, dtype=torch.int32) * case.q_len
     return DecodeInputs(q, buf, qo_indptr, indptr, indices, last, case).to(device)
-
-
-def main() -> None:
-    """Demo: a small ragged paged case."""
-    case = DecodeCase(kv_lens=ragged_kv_lens(4, 300, seed=1), q_len=2, page_size=16, permute_pages=True)
-    x = make_inputs(case)
-    print(
-        case.short_str(),
-        "q",
-        tuple(x.q.shape),
-        "kv_buffer",
-        tuple(x.kv_buffer.shape),
-        "kv_lens",
-        x.kv_lens.tolist(),
-        "MLA",
-        MLA,
-    )
-
-
-if __name__ == "__main__":
-    main()

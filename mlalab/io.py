@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["atomic_write", "write_rows_csv", "natural_key", "main"]
+__all__ = ["atomic_write", "write_rows_csv", "natural_key"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
@@ -65,14 +65,3 @@ def natural_key(name: str) -> tuple:
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     parts = re.split(r"([0-9]+)", name)  # odd positions: the runs of ASCII digits
     return tuple((1, int(t)) if i % 2 else (0, t) for i, t in enumerate(parts) if t)
-
-
-def main() -> None:
-    """Demo: write a file atomically into a temporary folder and read it back."""
-    with tempfile.TemporaryDirectory() as d:
-        p = atomic_write(os.path.join(d, "demo.txt"), lambda tmp: Path(tmp).write_text("hello\n"))
-        print(p, repr(p.read_text()), sorted(os.listdir(d)))
-
-
-if __name__ == "__main__":
-    main()

@@ -217,17 +217,3 @@ def decode_naive_loop(inputs: DecodeInputs, sm_scale: float | None = None) -> to
                 weights = torch.exp(scores - scores.max())
                 out[i, h] = (weights / weights.sum()) @ values
     return out
-
-
-def main() -> None:
-    """Demo: a small ragged case, reference output statistics."""
-    from .config import DecodeCase
-    from .inputs import make_inputs
-
-    x = make_inputs(DecodeCase(kv_lens=(3, 700, 90), q_len=2, page_size=16, permute_pages=True))
-    out, lse = decode_inputs_reference(x)
-    print("out", tuple(out.shape), f"rms {out.pow(2).mean().sqrt().item():.3e}", "lse", lse[:, 0].tolist())
-
-
-if __name__ == "__main__":
-    main()

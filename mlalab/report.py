@@ -1,15 +1,14 @@
 """A standalone HTML report of the key figures, for sharing results without Jupyter.
 
 The page embeds plotly.js once, inline, so it opens offline (file://, e-mail attachment). Every figure comes
-from the figure builders in ``mlalab.plots.<topic>`` — nothing is re-implemented here. A section whose builder
-or data is missing says so in the page, with the reason, instead of showing a made-up figure.
+from the figure builders in ``mlalab.plots.<topic>`` — nothing is re-implemented here. A section whose data is
+missing says so in the page, with the reason, instead of showing a made-up figure.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import html
-import importlib
 import os
 import platform
 import tempfile
@@ -23,8 +22,17 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from . import __version__
+from .accuracy import sweep
 from .config import GPU_TARGETS, DecodeCase
 from .io import natural_key
+from .plan import indptrs_for, make_plan
+from .plots.accuracy import sqnr_heatmap
+from .plots.basics import floor_by_target_figure
+from .plots.experiments import experiment_figure
+from .plots.splitkv import cu_load_figure, work_map_figure
+from .plots.timing import bandwidth_figure, bars_per_shape
+from .records.ab import list_experiments, load_experiment
+from .records.timings import load_recorded, recorded_view
 
 __all__ = [
     "ReportOptions",
@@ -95,15 +103,6 @@ def _unavailable(key: str, title: str, description: str, reason: str) -> Section
     return Section(key, title, description, unavailable=reason)
 
 
-def _import(module: str, *names: str) -> tuple[object, ...]:
-    """Import builder functions by name; ImportError/AttributeError carry the reason a section is missing."""
-    mod = importlib.import_module(module)
-    missing = [n for n in names if not hasattr(mod, n)]
-    if missing:
-        raise AttributeError(f"{module} has no {', '.join(missing)}")
-    return tuple(getattr(mod, n) for n in names)
-
-
 # --- sections ------------------------------------------------------------------------------------------------
 
 
@@ -113,11 +112,7 @@ def section_floor(opts: ReportOptions) -> Section:
         f"Bytes moved per call divided by bandwidth, per GPU target and KV storage format "
         f"(batch {opts.batch}, kv_len {opts.kv_len}). H200: measured copy bandwidth; MI300X/MI355X: datasheet."
     )
-    try:
-        (builder,) = _import("mlalab.plots.basics", "floor_by_target_figure")
-        fig = builder(DecodeCase.uniform(opts.batch, opts.kv_len))  # type: ignore[operator]
-    except (ImportError, AttributeError) as e:
-        return _unavailable(key, title, desc, f"figure builder missing: {e}")
+    fig = floor_by_target_figure(DecodeCase.uniform(opts.batch, opts.kv_len))
     return Section(key, title, desc, (fig,), source="mlalab.plots.basics.floor_by_target_figure")
 
 
@@ -136,14 +131,9 @@ def section_accuracy(opts: ReportOptions) -> Section:
         f"computed now on batch {opts.batch}, kv_len {opts.kv_len}, competition inputs (randn·0.02), seed "
         f"{opts.seed}, fp8 flavour {tgt.fp8_flavour} ({tgt.name}). NaN = overflow."
     )
-    try:
-        (sweep,) = _import("mlalab.accuracy", "sweep")
-        (heatmap,) = _import("mlalab.plots.accuracy", "sqnr_heatmap")
-    except (ImportError, AttributeError) as e:
-        return _unavailable(key, title, desc, f"figure builder missing: {e}")
     case = DecodeCase.uniform(opts.batch, opts.kv_len, seed=opts.seed)
-    df = sweep(case, ACCURACY_Q_SCHEMES, ACCURACY_KV_SCHEMES, (tgt.fp8_flavour,), progress=False)  # type: ignore[operator]
-    fig = heatmap(df, title=f"SQNR (dB): Q scheme × KV scheme — {case.short_str()}, {tgt.fp8_flavour}")  # type: ignore[operator]
+    df = sweep(case, ACCURACY_Q_SCHEMES, ACCURACY_KV_SCHEMES, (tgt.fp8_flavour,), progress=False)
+    fig = sqnr_heatmap(df, title=f"SQNR (dB): Q scheme × KV scheme — {case.short_str()}, {tgt.fp8_flavour}")
     return Section(key, title, desc, (fig,), source="mlalab.accuracy.sweep → mlalab.plots.accuracy.sqnr_heatmap")
 
 
@@ -154,14 +144,9 @@ def section_workmap(opts: ReportOptions) -> Section:
         f"Work items of planner '{opts.planner}' on {tgt.name} ({tgt.num_cus} CUs) for batch {opts.batch} × kv_len "
         f"{opts.kv_len}: which CU processes which KV range of which request, and the KV tokens each CU reads."
     )
-    try:
-        indptrs_for, make_plan = _import("mlalab.splitkv", "indptrs_for", "make_plan")
-        work_map, cu_load = _import("mlalab.plots.splitkv", "work_map_figure", "cu_load_figure")
-    except (ImportError, AttributeError) as e:
-        return _unavailable(key, title, desc, f"figure builder missing: {e}")
-    qo, kv = indptrs_for([opts.kv_len] * opts.batch)  # type: ignore[operator]
-    plan = make_plan(opts.planner, qo, kv, opts.target.lower())  # type: ignore[operator]
-    figs = (work_map(plan), cu_load(plan))  # type: ignore[operator]
+    qo, kv = indptrs_for([opts.kv_len] * opts.batch)
+    plan = make_plan(opts.planner, qo, kv, opts.target.lower())
+    figs = (work_map_figure(plan), cu_load_figure(plan))
     return Section(key, title, desc, figs, source="mlalab.plots.splitkv.work_map_figure, cu_load_figure")
 
 
@@ -174,17 +159,11 @@ def section_timings(opts: ReportOptions) -> Section:
     tdir = opts.data_dir / "timings"
     desc = f"Recorded measurements from {tdir} (not measured now): µs per call per shape, and achieved bandwidth."
     try:
-        load, view_of, bars, bandwidth = _import(
-            "mlalab.plots.timing", "load_recorded", "recorded_view", "bars_per_shape", "bandwidth_figure"
-        )
-    except (ImportError, AttributeError) as e:
-        return _unavailable(key, title, desc, f"figure builder missing: {e}")
-    try:
-        df = load(str(tdir))  # type: ignore[operator]
+        df = load_recorded(str(tdir))
     except FileNotFoundError as e:
         return _unavailable(key, title, desc, f"no timing CSV: {e}")
     try:  # one run (the newest full suite run), Triton at its default config: the numbers the README quotes
-        view = view_of(df)  # type: ignore[operator]
+        view = recorded_view(df)
     except ValueError as e:
         return _unavailable(key, title, desc, f"no full suite run to show: {e}")
     rows = view.rows
@@ -201,28 +180,22 @@ def section_timings(opts: ReportOptions) -> Section:
         desc += f" Other recorded files not shown here: {', '.join(others)} (notebook 04 can show any run)."
     if missing:
         desc += f" No records for: {', '.join(missing)}."
-    figs = (bars(view, series), bandwidth(view, series))  # type: ignore[operator]
-    return Section(key, title, desc, figs, source="mlalab.plots.timing.recorded_view, bars_per_shape, bandwidth_figure")
+    figs = (bars_per_shape(view, series), bandwidth_figure(view, series))
+    return Section(key, title, desc, figs, source="mlalab.records.timings.recorded_view, mlalab.plots.timing")
 
 
 def section_experiments(opts: ReportOptions) -> Section:
     key, title = "experiments", "Design experiments (recorded A/Bs)"
-    pdir = opts.data_dir / "profiles"
+    pdir = opts.data_dir / "ab"
     desc = (
-        f"Kernel variants timed beside FlashMLA fp8 in one process on the H200 (scripts/hopper_ab.py; files in {pdir}, "
-        "not measured now): each variant's time over FlashMLA's per shape, the legend with each geomean ratio. "
-        "Compare ratios within one figure; what each variant changes is listed in data/README.md."
+        f"Kernel variants timed beside a peer in one process on the H200 (files in {pdir}, not measured now): each "
+        "variant's time over the peer's per shape, the legend with each geomean ratio. Compare ratios within one "
+        "figure; what each variant changed is in docs/journal.md."
     )
-    try:
-        names_of, load, figure = _import(
-            "mlalab.plots.experiments", "list_experiments", "load_experiment", "experiment_figure"
-        )
-    except (ImportError, AttributeError) as e:
-        return _unavailable(key, title, desc, f"figure builder missing: {e}")
-    names = names_of(str(pdir))  # type: ignore[operator]
+    names = list_experiments(str(pdir))
     if not names:
-        return _unavailable(key, title, desc, f"no *_ab_*.csv in {pdir}")
-    figs = tuple(figure(load(n, str(pdir))) for n in names)  # type: ignore[operator]
+        return _unavailable(key, title, desc, f"no A/B table (*.csv) in {pdir}")
+    figs = tuple(experiment_figure(load_experiment(n, str(pdir))) for n in names)
     desc += f" Files: {', '.join(names)}."
     return Section(key, title, desc, figs, source="mlalab.plots.experiments.experiment_figure")
 
@@ -361,15 +334,3 @@ def write_report(
         Path(tmp).unlink(missing_ok=True)
         raise
     return path, sections
-
-
-def main() -> None:
-    """Demo: write report.html in the current directory and list its sections."""
-    path, sections = write_report("report.html")
-    for s in sections:
-        print(f"{s.key:>10}: {'UNAVAILABLE — ' + s.unavailable if s.unavailable else f'{len(s.figures)} figure(s)'}")
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,67 +1,60 @@
-"""GPU timing of MLA decode backends: CUDA-graph replay over KV copies rotated past the L2, copy bandwidth
-measured in the same run, error against the exact and the emulated-quantised references, CSV records.
+"""GPU timing of MLA decode backends through the backend interface (`mlalab.backends`: ``make_callable`` once, then
+``call(i)``): CUDA-graph replay over KV copies rotated past the L2, copy bandwidth measured in the same run, error
+against the exact and the emulated-quantised references, CSV records (`mlalab.records.schema`).
 
-Method (one shape, one backend): build the backend's callable once (quantisation, plan, buffers, JIT outside
-the timing), run it `warmup` times, capture ``calls_per_graph`` calls into one CUDA graph with call ``i`` reading
-KV copy ``i mod n_copies`` (enough copies that the rotation spans > 4x the 60 MB L2, at most `MAX_ROTATION` / 1 GB;
-at least one call per copy, so every replay reads every copy), replay
-the graph ``replays`` times between CUDA events and report the median and IQR of (replay time / calls). Bytes
-counted once: KV bytes (576 B/token fp8, 1152 bf16) + q + bf16 output; TB/s = bytes / median time.
+Method (one shape, one backend): build the backend's callable once (quantisation, plan, buffers, JIT outside the
+timing), run it `warmup` times, capture ``calls_per_graph`` calls into one CUDA graph with call ``i`` reading KV copy
+``i mod n_copies`` (enough copies that the rotation spans > 4x the 60 MB L2, at most `MAX_ROTATION` / 1 GB; at least
+one call per copy, so every replay reads every copy), replay the graph ``replays`` times between CUDA events and
+report the median and IQR of (replay time / calls). Bytes counted once (`mlalab.traffic`): KV + q + bf16 output;
+TB/s = bytes / median time. A suite times every backend and shape first and fills the error columns in a second
+pass: fp32 references computed between timings leave the next timed kernel in different conditions.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import datetime
-import hashlib
-import json
 import math
 import os
 import platform
 import statistics
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from .config import MLA, DecodeCase
+from .config import COMPETITION_SHAPES, MLA, DecodeCase
 from .inputs import make_inputs
-from .io import atomic_write
+from .quant.precision import PRECISIONS, get_precision
+from .records.schema import ACCURACY_PENDING, PROVENANCE_COLUMNS, TimingRecord, config_cell, write_csv
 from .traffic import decode_traffic
 
 __all__ = [
-    "COMPETITION_SHAPES",
+    "SUITES",
+    "BACKENDS",
+    "L2_BYTES",
     "MAX_ROTATION",
     "kv_cache_bytes",
+    "call_bytes",
     "rotation_copies",
-    "SUITES",
-    "TimingRecord",
     "gpu_info",
+    "provenance",
     "copy_bandwidth",
     "time_callable",
     "rel_l2",
+    "quantised_reference",
     "bench_one",
     "fill_accuracy",
     "fill_accuracy_by_shape",
-    "ACCURACY_PENDING",
-    "aiter_callable",
-    "run_suite",
-    "CSV_COLUMNS",
-    "call_bytes",
-    "config_string",
-    "parse_config",
-    "plan_digest",
     "check_suite_args",
-    "write_csv",
-    "main",
-    "provenance",
-    "PROVENANCE_COLUMNS",
+    "run_suite",
 ]
 
-COMPETITION_SHAPES = [(b, L) for b in (4, 8, 16, 32, 64, 128) for L in (1024, 8192)]
 SUITES = {"competition": COMPETITION_SHAPES, "smoke": [(4, 1024), (128, 8192)]}
 L2_BYTES = 60 * 1024 * 1024
+#: The backends a suite times (each through its `make_callable`).
+BACKENDS = ("triton", "flashmla", "flashinfer", "reference-torch", "aiter")
+#: Every precision of the precision table (`mlalab.quant.precision`).
+ALL_PRECISIONS = tuple(str(p) for p in PRECISIONS)
 
 
 def gpu_info() -> dict[str, Any]:
@@ -95,11 +88,6 @@ def gpu_info() -> dict[str, Any]:
     }
 
 
-#: The columns that say where and with what a GPU script's table was measured (`gpu_info`); the scripts under
-#: scripts/ append them to every row they record (data/profiles), as the bench does.
-PROVENANCE_COLUMNS = ("date", "gpu", "sm_count", "driver", "torch", "triton")
-
-
 def provenance() -> dict[str, Any]:
     """`gpu_info` restricted to `PROVENANCE_COLUMNS` (raises RuntimeError without a GPU)."""
     info = gpu_info()
@@ -118,8 +106,8 @@ def _events_ms(fn: Any, reps: int) -> list[float]:
     return ts
 
 
-#: The most KV copies one timed graph rotates through (one call per copy). Up to 2026-12-03 (run 12) it was 16, so the
-#: smallest competition shape, 4 x 1024 (2.4 MB of fp8 KV), rotated through 38 MB: less than the L2, for every backend.
+#: The most KV copies one timed graph rotates through (one call per copy): the smallest competition shape, 4 x 1024
+#: (2.4 MB of fp8 KV), needs 107 of them to span 4 L2s (16 copies would stay inside the 60 MB L2).
 MAX_ROTATION = 256
 
 
@@ -184,97 +172,28 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     return output_metrics(x.reshape(ref.shape).cpu(), ref.cpu())["rel_l2"]
 
 
-CSV_COLUMNS = [
-    "date", "gpu", "sm_count", "driver", "torch", "triton", "backend", "planner", "precision", "config",
-    "batch", "kv_len", "us_median", "us_iqr", "bytes", "tbps", "copy_tbps", "pct_copy", "floor_us",
-    "err_vs_exact", "err_quant_emulated", "err_vs_emulated", "status",
-]  # fmt: skip
-
-
-@dataclass
-class TimingRecord:
-    backend: str
-    planner: str
-    precision: str
-    config: str
-    batch: int
-    kv_len: int
-    us_median: float = math.nan
-    us_iqr: float = math.nan
-    bytes: int = 0
-    tbps: float = math.nan
-    copy_tbps: float = math.nan
-    pct_copy: float = math.nan
-    floor_us: float = math.nan
-    err_vs_exact: float = math.nan
-    err_quant_emulated: float = math.nan
-    err_vs_emulated: float = math.nan
-    status: str = "ok"
-    env: dict = field(default_factory=dict)
-
-    def row(self) -> dict[str, Any]:
-        d = asdict(self)
-        env = d.pop("env")
-        d.update({k: env.get(k, "") for k in ("date", "gpu", "sm_count", "driver", "torch", "triton")})
-        return {k: d[k] for k in CSV_COLUMNS}
-
-
-PRECISIONS = ("a8w8", "a16w8", "bf16")
-
-
 def call_bytes(batch: int, kv_len: int, precision: str) -> int:
-    """The `bytes` column: `mlalab.traffic.decode_traffic` of B x L at `precision` (KV 576 B/token fp8 or 1152
-    bf16, q fp8 for a8w8 else bf16, bf16 output; each counted once)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    t = decode_traffic(DecodeCase.uniform(batch, kv_len), _kv_format(precision), float(_q_itemsize(precision)))
+    """The `bytes` column: `mlalab.traffic.decode_traffic` of B x L at `precision` (KV, q and the bf16 output, each
+    counted once, in the precision table's element sizes)."""
+    spec = get_precision(precision)
+    t = decode_traffic(DecodeCase.uniform(batch, kv_len), spec.kv_format, float(spec.q_bytes))
     return int(round(t.total_bytes))
 
 
 def kv_cache_bytes(batch: int, kv_len: int, precision: str) -> int:
-    """Bytes of one KV cache of B x L tokens at `precision` (576 per token in fp8, 1152 in bf16): one rotated copy."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return batch * kv_len * MLA.qk_dim * _kv_itemsize(precision)
+    """Bytes of one KV cache of B x L tokens at `precision` (576 elements per token): one rotated copy."""
+    return batch * kv_len * MLA.qk_dim * get_precision(precision).kv_bytes
 
 
-def _kv_format(precision: str) -> str:
-    return "bf16" if precision == "bf16" else "fp8"
-
-
-def _kv_itemsize(precision: str) -> int:
-    return 2 if precision == "bf16" else 1
-
-
-def _q_itemsize(precision: str) -> int:
-    return 1 if precision == "a8w8" else 2
-
-
-def plan_digest(plan: Any) -> dict[str, Any]:
-    """A short fingerprint of a WorkPlan for the record: planner name, its knobs, plan slots, number of works and
-    the first 12 hex digits of a SHA-256 over ``work_indptr`` and ``work_info`` (int32, CPU). Two plans with the
-    same digest assign the same KV ranges to the same slots."""
-    from .splitkv import WorkPlan
-
-    if not isinstance(plan, WorkPlan):
-        raise TypeError(f"plan must be a WorkPlan, got {type(plan).__name__}")
-    h = hashlib.sha256()
-    for t in (plan.work_indptr, plan.work_info):
-        h.update(t.to("cpu", torch.int32).contiguous().numpy().tobytes())
-    params = {k: v for k, v in sorted(plan.params.items()) if isinstance(v, (int, float, str, bool)) or v is None}
-    return {"planner": plan.planner, "params": params, "num_cus": int(plan.num_cus), "n_work": plan.n_work,
-            "hash": h.hexdigest()[:12]}  # fmt: skip
-
-
-def _refs(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(exact fp32 reference on the bf16 inputs, fp32 reference on the dequantised inputs of `precision`)."""
+def quantised_reference(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact fp32 reference on the bf16 inputs, fp32 reference on the dequantised inputs of `precision`), cached
+    per input set in `cache`."""
+    from .kernels import prepare
     from .reference import decode_reference
-    from .splitkv.triton_mla import prepare
 
     if "exact" not in cache:
-        cache["exact"] = decode_reference(x.q, x.kv_buffer, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len)[
-            0
-        ]
+        cache["exact"] = decode_reference(x.q, x.kv_buffer, x.qo_indptr, x.kv_indptr, x.kv_indices,
+                                          x.kv_last_page_len)[0]  # fmt: skip
     if precision not in cache:
         p = prepare(x, precision)
         q = p.q.float() * p.q_scale
@@ -283,101 +202,33 @@ def _refs(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tens
     return cache["exact"], cache[precision]
 
 
-def config_string(backend: str, opts: dict[str, Any], plan: Any = None, ran: str | None = None) -> str:
-    """The `config` column. Triton: the full `KernelConfig` the run used plus the plan options, as compact JSON
-    (``num_cus`` = the plan's slot count and ``plan`` = its `plan_digest` when `plan` is given; ``ran`` = the
-    stage-1 kernel ``kernel="auto"`` chose, "hopper" or "portable"). Other backends: ``k=v,...`` of their options."""
-    if not isinstance(opts, dict):
-        raise TypeError(f"opts must be a dict, got {type(opts).__name__}")
-    legacy = ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
-    if backend != "triton":
-        return legacy
-    from .splitkv.triton_mla import KernelConfig
-
-    fields = {f.name for f in dataclasses.fields(KernelConfig)}
-    try:
-        kernel = dataclasses.asdict(KernelConfig(**{k: v for k, v in opts.items() if k in fields}))
-    except TypeError:
-        return legacy  # unknown knobs: the run records the error; keep what was asked
-    d = {**kernel, **{k: v for k, v in sorted(opts.items()) if k not in fields}}
-    if plan is not None:
-        d["num_cus"] = int(plan.num_cus)
-        d["plan"] = plan_digest(plan)
-    if ran is not None:
-        d["ran"] = str(ran)
-    return json.dumps(d, separators=(",", ":"))
-
-
-def parse_config(s: object) -> dict[str, Any]:
-    """Read a `config` cell of any recorded run: ``""``/NaN (the defaults of that run's commit) -> ``{}``;
-    ``{json}`` (new runs) or ``k=v,...`` (old runs) -> the knobs; a ``name:`` prefix (scripts/perf_sweep.py's
-    variant) -> ``{"variant": name, ...}``; a bare word (e.g. ``bmm``) -> ``{"variant": word}``."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return {}
-    if not isinstance(s, str):
-        raise TypeError(f"config must be a string (or NaN for an empty cell), got {type(s).__name__}")
-    s = s.strip()
-    out: dict[str, Any] = {}
-    brace = s.find("{")
-    head = s[:brace] if brace >= 0 else s.split("=", 1)[0] if "=" in s else s
-    if ":" in head:
-        name, s = s.split(":", 1)
-        out["variant"] = name
-    if not s:
-        return out
-    if s.startswith("{"):
-        try:
-            return {**out, **json.loads(s)}
-        except json.JSONDecodeError as e:
-            raise ValueError(f"config {s!r} is not valid JSON: {e}") from None
-    if "=" not in s:
-        return {**out, "variant": s}
-    for part in s.split(","):
-        k, _, v = part.partition("=")
-        try:
-            out[k.strip()] = ast.literal_eval(v.strip())
-        except (ValueError, SyntaxError):
-            out[k.strip()] = v.strip()
-    return out
-
-
-#: `TimingRecord.status` of a row timed whose accuracy columns `fill_accuracy` has not filled yet
-ACCURACY_PENDING = "accuracy pending"
-
-
 def bench_one(
-    backend: str, x: Any, precision: str, *, planner: str = "-", copy_tbps: float, env: dict, refs: dict | None,
+    backend: str, x: Any, precision: str, *, copy_tbps: float, env: dict, refs: dict | None,
     calls_per_graph: int = 20, replays: int = 10, outputs: list | None = None, **opts: Any,
 ) -> TimingRecord:  # fmt: skip
-    """Time one backend on one prepared input set; failures are recorded in `status`, never raised. With `refs` (a
-    per-input cache), the error columns are filled before the timing; with ``refs=None`` they are left to
-    `fill_accuracy`: the record gets status `ACCURACY_PENDING` and ``(record, output on the CPU)`` is appended to
-    `outputs` (so the fp32 references are computed away from the timed calls)."""
+    """Time one backend on one input set through its ``make_callable`` (`opts` go to it; ``planner`` is recorded in
+    the planner column); failures are recorded in `status`, never raised. With `refs` (a per-input cache), the error
+    columns are filled before the timing; with ``refs=None`` they are left to `fill_accuracy`: the record gets
+    status `ACCURACY_PENDING` and ``(record, output on the CPU)`` is appended to `outputs`."""
     if refs is None and outputs is None:
         raise ValueError("bench_one: give refs (errors now) or outputs (errors later, fill_accuracy)")
     from .backends import get_backend
 
     B, L = x.batch, int(x.kv_lens[0])
-    rec = TimingRecord(backend, planner, precision, config_string(backend, opts), B, L, copy_tbps=copy_tbps, env=env)
+    rec = TimingRecord(backend, str(opts.get("planner", "-")), precision, config_cell(opts), B, L,
+                       copy_tbps=copy_tbps, env=env)  # fmt: skip
     nbytes = call_bytes(B, L, precision)
     rec.bytes = nbytes
     rec.floor_us = nbytes / (copy_tbps * 1e12) * 1e6
     n_copies = rotation_copies(kv_cache_bytes(B, L, precision))
     try:
-        kw = dict(opts)
-        if backend == "aiter":
-            call = aiter_callable(x, precision, n_copies, **kw)
-        else:
-            mod = get_backend(backend)
-            if backend == "triton":
-                kw["planner"] = planner
-            call, info = mod.make_callable(x, precision=precision, n_copies=n_copies, **kw)
-            if backend == "triton":  # the config and plan slots actually used, not only the ones asked for
-                rec.config = config_string(backend, opts, info["plan"], info["decoder"].ran)
+        call, info = get_backend(backend).make_callable(x, precision=precision, n_copies=n_copies, **opts)
+        if "record" in info:  # what actually ran, not only what was asked for
+            rec.config = config_cell(opts, info["record"])
         out = call(0).float()
         torch.cuda.synchronize()
         if refs is not None:
-            _set_errors(rec, out, *_refs(x, precision, refs))
+            _set_errors(rec, out, *quantised_reference(x, precision, refs))
         t = time_callable(call, n_copies, calls_per_graph=calls_per_graph, replays=replays)
         rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
         rec.tbps = nbytes / (rec.us_median * 1e-6) / 1e12
@@ -417,7 +268,7 @@ def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log:
                              f"L={int(x.kv_lens[0])}")  # fmt: skip
         rec.status = "ok"
         try:
-            exact, emul = _refs(x, rec.precision, refs)
+            exact, emul = quantised_reference(x, rec.precision, refs)
         except Exception as e:  # noqa: BLE001 (the timing stays valid without its error columns)
             log(f"reference of {rec.precision} B={rec.batch} L={rec.kv_len} failed: {type(e).__name__}: {e}")
             continue
@@ -447,54 +298,10 @@ def fill_accuracy_by_shape(pending: dict[tuple[int, int], list], log: Any = prin
             after_shape()
 
 
-def aiter_callable(x: Any, precision: str, n_copies: int, **overrides: Any) -> Any:
-    """ROCm only: aiter's persistent MLA decode as a timeable ``call(i)``. Everything (settings, quantisation,
-    metadata buffers, page table) is built once here; ``call(i)`` is `AiterDecoder.run` on KV copy ``i``."""
-    from .backends.aiter import AiterDecoder, QuantizedInputs, probe, quantize_inputs
-    from .backends.aiter_args import settings_for_precision, token_kv_indices
-
-    reason = probe()
-    if reason is not None:
-        raise RuntimeError(f"aiter backend unavailable: {reason}")
-    dec = AiterDecoder(settings_for_precision(precision, **overrides))
-    prepared = dec.prepare(x)
-    qi = quantize_inputs(x, dec.settings, dec.rt.fp8_flavour)
-    _, tok_indices = token_kv_indices(x.kv_indptr, x.kv_indices, x.kv_last_page_len, x.page_size)
-    prepared.kv_indices.copy_(tok_indices.to(torch.int32))
-    copies = [qi] + [
-        QuantizedInputs(qi.q, qi.kv_buffer.clone(), qi.q_scale, qi.kv_scale) for _ in range(max(0, n_copies - 1))
-    ]
-
-    def call(i: int) -> torch.Tensor:
-        dec.run(prepared, copies[i % len(copies)])
-        return prepared.out
-
-    return call
-
-
-def reference_torch_callable(x: Any, n_copies: int) -> Any:
-    """What a user would write: batched bf16 matmuls over a (B, L, 576) cache, fp32 softmax."""
-    B, L = x.batch, int(x.kv_lens[0])
-    kv = x.kv_buffer.view(B, L, MLA.qk_dim)
-    copies = [kv] + [kv.clone() for _ in range(n_copies - 1)]
-    q = x.q.view(B, MLA.num_heads, MLA.qk_dim)
-
-    def call(i: int) -> torch.Tensor:
-        k = copies[i % len(copies)]
-        s = torch.bmm(q, k.transpose(1, 2)).float() * MLA.sm_scale
-        p = torch.softmax(s, -1).to(torch.bfloat16)
-        return torch.bmm(p, k[..., : MLA.v_dim])
-
-    return call
-
-
-BACKENDS = ("triton", "flashmla", "flashinfer", "reference-torch", "aiter")
-
-
 def check_suite_args(
     suite: str = "competition",
     backends: tuple[str, ...] = ("triton",),
-    precisions: tuple[str, ...] = PRECISIONS,
+    precisions: tuple[str, ...] = ALL_PRECISIONS,
     planners: tuple[str, ...] = ("simple",),
     triton_configs: tuple[dict, ...] = ({},),
     calls_per_graph: int = 20,
@@ -508,10 +315,10 @@ def check_suite_args(
     for name, v, lo in (("calls_per_graph (--calls)", calls_per_graph, 1), ("replays (--replays)", replays, 3)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    for name, vals, valid in (("backends", backends, BACKENDS), ("precisions", precisions, PRECISIONS)):
+    for name, vals, valid in (("backends", backends, BACKENDS), ("precisions", precisions, ALL_PRECISIONS)):
         if not vals or any(v not in valid for v in vals):
             raise ValueError(f"{name} must be a non-empty subset of {', '.join(valid)}; got {', '.join(vals) or '()'}")
-    from .splitkv import PLANNERS
+    from .plan import PLANNERS
 
     if not planners or any(p not in PLANNERS for p in planners):
         raise ValueError(f"planners must be a non-empty subset of {', '.join(PLANNERS)}; got {planners!r}")
@@ -532,7 +339,7 @@ def check_suite_args(
 def run_suite(
     suite: str = "competition",
     backends: tuple[str, ...] = ("triton", "flashmla", "flashinfer", "reference-torch"),
-    precisions: tuple[str, ...] = PRECISIONS,
+    precisions: tuple[str, ...] = ALL_PRECISIONS,
     planners: tuple[str, ...] = ("simple",),
     triton_configs: tuple[dict, ...] = ({},),
     shapes: list[tuple[int, int]] | None = None,
@@ -546,16 +353,13 @@ def run_suite(
 
     Two passes: first every timing, back to back, then the accuracy columns (fp32 references on the same inputs,
     regenerated from their seed, against each record's kept output). The references are heavy at large shapes (the
-    whole KV in fp32, twice); computed between timings they left the next timed kernel in different conditions (the
-    a8w8 rows of 64 x 8192 and 128 x 8192, timed right after them, measured 158-167 us with IQRs up to 21 us in runs
-    4-10, where `scripts/hopper_ab.py`, which computes no references, measured 140-145 us for the same code). Rows
-    whose accuracy is not filled yet say `ACCURACY_PENDING` in `status`."""
+    whole KV in fp32, twice); computed between timings they left the next timed kernel in different conditions
+    (docs/journal.md). Rows whose accuracy is not filled yet say `ACCURACY_PENDING` in `status`. A backend is timed
+    in the precisions it declares (its ``PRECISIONS``); Triton with every planner x kernel config."""
     check_suite_args(suite, backends, precisions, planners, triton_configs, calls_per_graph, replays, out, shapes)
     env = gpu_info()
     bw = copy_bandwidth()
     log(f"# {env}  copy {bw:.3f} TB/s")
-    peers_prec = {"flashmla": ("bf16", "a8w8"), "flashinfer": ("bf16", "a16w8"), "reference-torch": ("bf16",),
-                  "aiter": ("bf16", "a16w8", "a8w8")}  # fmt: skip
     recs: list[TimingRecord] = []
     pending: dict[tuple[int, int], list] = {}  # shape -> [(record, output)] whose errors are filled in pass 2
     for B, L in shapes or SUITES[suite]:
@@ -563,20 +367,16 @@ def run_suite(
         kept = pending.setdefault((B, L), [])
         for be in backends:
             for prec in precisions:
-                if be != "triton" and prec not in peers_prec.get(be, ()):
+                if not _supported(be, prec):
                     continue
-                combos = [(pl, c) for pl in planners for c in triton_configs] if be == "triton" else [("-", {})]
-                for pl, c in combos:
-                    if be == "reference-torch":
-                        rec = _bench_reference_torch(x, bw, env, kept, calls_per_graph, replays)
-                    else:
-                        rec = bench_one(be, x, prec, planner=pl, copy_tbps=bw, env=env, refs=None, outputs=kept,
-                                        calls_per_graph=calls_per_graph, replays=replays, **c)  # fmt: skip
+                combos = [{"planner": pl, **c} for pl in planners for c in triton_configs] if be == "triton" else [{}]
+                for opts in combos:
+                    rec = bench_one(be, x, prec, copy_tbps=bw, env=env, refs=None, outputs=kept,
+                                    calls_per_graph=calls_per_graph, replays=replays, **opts)  # fmt: skip
                     recs.append(rec)
-                    short = ",".join(f"{k}={v}" for k, v in sorted(c.items())) if be == "triton" else rec.config
-                    short = short or "defaults"
+                    short = ",".join(f"{k}={v}" for k, v in sorted(opts.items()) if k != "planner") or "defaults"
                     log(
-                        f"{be:16s} {pl:10s} {prec:6s} {short:40s} B={B:4d} L={L:5d} {rec.us_median:9.2f} us "
+                        f"{be:16s} {rec.planner:10s} {prec:6s} {short:40s} B={B:4d} L={L:5d} {rec.us_median:9.2f} us "
                         f"{rec.tbps:5.2f} TB/s {rec.pct_copy:5.1f}% {rec.status}"
                     )  # (errors: logged by the accuracy pass)
         del x
@@ -588,51 +388,11 @@ def run_suite(
     return recs
 
 
-def _bench_reference_torch(x: Any, bw: float, env: dict, outputs: list, cpg: int, reps: int) -> TimingRecord:
-    B, L = x.batch, int(x.kv_lens[0])
-    rec = TimingRecord("reference-torch", "-", "bf16", "bmm", B, L, copy_tbps=bw, env=env)
-    rec.bytes = call_bytes(B, L, "bf16")
-    rec.floor_us = rec.bytes / (bw * 1e12) * 1e6
+def _supported(backend: str, precision: str) -> bool:
+    """Whether `backend` declares `precision` (its module's ``PRECISIONS``; an unimportable backend: no)."""
+    from .backends import get_backend
+
     try:
-        n = rotation_copies(kv_cache_bytes(B, L, "bf16"))
-        call = reference_torch_callable(x, n)
-        out = call(0).float()
-        t = time_callable(call, n, calls_per_graph=cpg, replays=reps)
-        rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
-        rec.tbps = rec.bytes / (rec.us_median * 1e-6) / 1e12
-        rec.pct_copy = 100 * rec.tbps / bw
-        rec.status = ACCURACY_PENDING  # (errors: fill_accuracy, after every timing)
-        outputs.append((rec, out.cpu()))
-    except Exception as e:
-        rec.status = _error_status(e)
-    return rec
-
-
-def write_csv(recs: list[TimingRecord], path: str | os.PathLike[str]) -> None:
-    """Write the records as CSV (`CSV_COLUMNS`) atomically (`mlalab.io.atomic_write`): readers and crashes never
-    see a half-written file."""
-    import csv
-
-    if not all(isinstance(r, TimingRecord) for r in recs):
-        raise TypeError("recs must be a list of TimingRecord")
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-            w.writeheader()
-            for r in recs:
-                w.writerow(r.row())
-
-    atomic_write(path, write)
-
-
-def main() -> None:
-    """Demo: the smoke suite on this GPU (or a clear message without one)."""
-    if not torch.cuda.is_available():
-        print("no GPU here: see data/timings/*.csv for the H200 measurements (python -m mlalab bench --recorded)")
-        return
-    run_suite("smoke")
-
-
-if __name__ == "__main__":
-    main()
+        return precision in get_backend(backend).PRECISIONS
+    except Exception:  # noqa: BLE001 (aiter off ROCm raises on import: its rows are simply not timed)
+        return backend == "triton"

@@ -83,18 +83,3 @@ def decode_traffic(case: DecodeCase, kv_format: str | float = "bf16", q_bytes_pe
     out = case.total_q * cfg.num_heads * cfg.v_dim * 2
     flops = 2.0 * case.q_len * cfg.num_heads * (cfg.qk_dim + cfg.v_dim) * case.total_kv
     return DecodeTraffic(kv, q, out, flops)
-
-
-def main() -> None:
-    for kv_len in (1024, 8192):
-        case = DecodeCase.uniform(128, kv_len)
-        for fmt in ("bf16", "fp8", "mxfp4"):
-            t = decode_traffic(case, fmt, 1.0 if fmt != "bf16" else 2.0)
-            print(
-                f"B128 L{kv_len} {fmt:6s} {t.total_bytes / 1e6:8.1f} MB  {t.intensity:6.1f} FLOP/B  "
-                f"H200 floor {t.floor_us('h200'):7.1f} us"
-            )
-
-
-if __name__ == "__main__":
-    main()

@@ -13,6 +13,7 @@ from mlalab.__main__ import main as cli
 from mlalab.accuracy import evaluate, mismatch_fraction, output_metrics, prepare, save_table, sweep
 from mlalab.accuracy import evaluate_prepared as ev
 from mlalab.config import DecodeCase
+from mlalab.quant import KV_SCHEMES, concrete_names
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def test_cli_sweep_writes_table(tmp_path: object, capsys: pytest.CaptureFixture[
     )
     assert rc == 0
     df = pd.read_csv(out)
-    assert len(df) == 2 * 10 and set(df.kv_len) == {32, 64}
+    assert len(df) == 2 * len(concrete_names(KV_SCHEMES)) and set(df.kv_len) == {32, 64}
 
 
 def test_stacked_q_variants_equal_separate_decodes() -> None:

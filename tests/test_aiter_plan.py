@@ -12,7 +12,7 @@ import torch
 from mlalab.backends.aiter import plan_knobs
 from mlalab.backends.aiter_args import AiterSettings
 from mlalab.backends.aiter_plan import compare_plans, defined_entries, plan_from_aiter_buffers
-from mlalab.splitkv import indptrs_for, make_plan
+from mlalab.plan import indptrs_for, make_plan
 
 
 def _example_a(planner: str, target: str, **knobs):

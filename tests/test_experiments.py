@@ -1,4 +1,4 @@
-"""Recorded design experiments (data/profiles/*_ab_*.csv): loading, geomeans, the figure, the notebook-04 panel."""
+"""Recorded design experiments (data/ab/*.csv): loading, geomeans, the figure, the notebook-04 panel."""
 
 from __future__ import annotations
 
@@ -8,23 +8,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mlalab.plots.experiments import (
-    experiment_figure,
-    experiment_geomeans,
-    list_experiments,
-    load_experiment,
-    peer_name,
-    reference_column,
-)
-from mlalab.timing import PROVENANCE_COLUMNS
+from mlalab.plots.experiments import experiment_figure
+from mlalab.records.ab import experiment_geomeans, list_experiments, load_experiment, peer_name, reference_column
+from mlalab.records.schema import PROVENANCE_COLUMNS
 
 
 def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> None:
     names = list_experiments()
-    assert "h200_2026-12-03_ab_refill.csv" in names and len(names) >= 6
+    assert "h200_2026-12-03_refill.csv" in names and len(names) >= 6
     for name in names:
         df = load_experiment(name)
-        raw = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / name)
+        raw = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "ab" / name)
         g = experiment_geomeans(df).set_index("variant")
         # the reference: FlashMLA, else FlashInfer, else our portable kernel (a16w8 files without a peer), else the
         # first variant (an A/B of our variants alone)
@@ -39,18 +33,18 @@ def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> Non
         fig = experiment_figure(df)
         bars = [t for t in fig.data if t.type == "bar"]
         assert len(bars) == len(g) - 2  # every variant; not the reference itself, not the floor (a marker trace)
-        assert all(f"{g.loc[t.name.split(':')[0], 'vs_reference']:.3f}×" in t.name for t in bars)
+        assert all(f"{g.loc[t.name.rpartition(': ')[0], 'vs_reference']:.3f}×" in t.name for t in bars)
         assert name in fig.layout.title.text
         a8w8_vs_flashmla = peer_name(df) == "FlashMLA fp8"
         assert bool(fig.layout.shapes) == a8w8_vs_flashmla  # #5's goal: an a8w8 goal against FlashMLA fp8
         assert not a8w8_vs_flashmla or fig.layout.shapes[0].y0 == 0.65
-    a16 = load_experiment("h200_2026-12-03_ab_a16w8_v_conv.csv")
+    a16 = load_experiment("h200_2026-12-03_a16w8_v_conv.csv")
     assert peer_name(a16) == "FlashInfer a16w8"
-    assert peer_name(load_experiment("h200_2026-12-03_ab_a16w8_v_conv_fast.csv")) == "our portable kernel a16w8"
+    assert peer_name(load_experiment("h200_2026-12-03_a16w8_v_conv_fast.csv")) == "our portable kernel a16w8"
 
 
 def test_a_failed_variant_cell_is_left_out_and_said(tmp_path: Path) -> None:
-    df = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / "h200_2026-12-03_ab_refill.csv")
+    df = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "ab" / "h200_2026-12-03_refill.csv")
     df.loc[0, "v1"] = float("nan")  # v1 failed at one shape
     df = df.assign(date="2026-12-03", gpu="NVIDIA H200", sm_count=132, driver="x", torch="y", triton="z")  # provenance
     p = tmp_path / "x_ab_y.csv"
@@ -66,9 +60,8 @@ def test_a_failed_variant_cell_is_left_out_and_said(tmp_path: Path) -> None:
 def test_a_bf16_file_names_flashmla_bf16_and_draws_no_a8w8_goal(tmp_path: Path) -> None:
     """``hopper_ab.py --precision bf16`` files: ``flashmla`` is FlashMLA bf16 there, and #5's 0.65x goal (an a8w8
     goal) is not drawn; ``precision`` is not a variant; one precision per file."""
-    from mlalab.plots.experiments import peer_name
 
-    df = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "profiles" / "h200_2026-12-03_ab_refill.csv")
+    df = pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "ab" / "h200_2026-12-03_refill.csv")
     p = tmp_path / "x_ab_bf16.csv"
     df.assign(precision="bf16").to_csv(p, index=False)
     e = load_experiment(str(p))
@@ -76,7 +69,7 @@ def test_a_bf16_file_names_flashmla_bf16_and_draws_no_a8w8_goal(tmp_path: Path) 
     fig = experiment_figure(e)
     assert "FlashMLA bf16" in fig.layout.title.text and "FlashMLA bf16" in fig.layout.yaxis.title.text
     assert not fig.layout.shapes  # no goal line
-    assert peer_name(load_experiment("h200_2026-12-03_ab_refill.csv")) == "FlashMLA fp8"  # no column: a8w8
+    assert peer_name(load_experiment("h200_2026-12-03_refill.csv")) == "FlashMLA fp8"  # no column: a8w8
     df.assign(precision="a8w8").to_csv(p, index=False)
     assert experiment_figure(load_experiment(str(p))).layout.shapes[0].y0 == 0.65
     for bad in (["bf16"] * (len(df) - 1) + ["a8w8"], ["fp4"] * len(df)):
@@ -86,7 +79,7 @@ def test_a_bf16_file_names_flashmla_bf16_and_draws_no_a8w8_goal(tmp_path: Path) 
 
 
 def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="recorded: .*ab_refill"):
+    with pytest.raises(FileNotFoundError, match="recorded: .*_refill"):
         load_experiment("h200_1999-01-01_ab_none.csv")
     with pytest.raises(TypeError, match="file name or path"):
         load_experiment(3)  # type: ignore[arg-type]
@@ -105,7 +98,7 @@ def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
         pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "v1": [bad]}).to_csv(p, index=False)
         with pytest.raises(ValueError, match="finite positive number of µs"):
             load_experiment(str(p))
-    good = load_experiment("h200_2026-12-03_ab_refill.csv")
+    good = load_experiment("h200_2026-12-03_refill.csv")
     with pytest.raises(ValueError, match="goal must be a positive ratio"):
         experiment_figure(good, goal=0)
     with pytest.raises(TypeError, match="pandas DataFrame"):
@@ -114,10 +107,10 @@ def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
         experiment_geomeans(good.iloc[0:0])
 
 
-def test_a_bare_file_name_is_looked_up_in_the_profiles_directory(tmp_path: Path,
+def test_a_bare_file_name_is_looked_up_in_the_ab_directory(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """A file of the same name in the working directory does not shadow the recorded one."""
-    name = "h200_2026-12-03_ab_refill.csv"
+    name = "h200_2026-12-03_refill.csv"
     pd.DataFrame({"B": [4], "L": [1024], "flashmla": [9.0], "impostor": [1.0]}).to_csv(tmp_path / name, index=False)
     monkeypatch.chdir(tmp_path)
     assert "impostor" not in load_experiment(name).columns
@@ -130,8 +123,8 @@ def test_experiments_panel_switches_files(monkeypatch: pytest.MonkeyPatch) -> No
 
     p = T.experiments_panel()
     assert p.experiment.value == list_experiments()[-1] and p.experiment.value in p.figure.layout.title.text
-    p.experiment.value = "h200_2026-12-03_ab_qfirst_stages.csv"
-    assert "v2q" in p.table.value and "ab_qfirst_stages" in p.figure.layout.title.text
+    p.experiment.value = "h200_2026-12-03_qfirst_stages.csv"
+    assert "v2q" in p.table.value and "qfirst_stages" in p.figure.layout.title.text
     with pytest.raises(ValueError, match="one of the recorded experiments"):
         T.experiments_panel("nope.csv")
     monkeypatch.setattr(T, "list_experiments", lambda: [])
@@ -143,7 +136,7 @@ def test_gpu_scripts_provenance_needs_a_gpu() -> None:
     there is nothing to stamp and it says so."""
     import torch
 
-    from mlalab.timing import PROVENANCE_COLUMNS, provenance
+    from mlalab.timing import provenance
 
     if torch.cuda.is_available():
         assert tuple(provenance()) == PROVENANCE_COLUMNS

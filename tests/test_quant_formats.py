@@ -102,6 +102,22 @@ def test_e2m1_encode_all_ties_and_ml_dtypes() -> None:
     ]
 
 
+def test_e2m1_ties_away_from_zero() -> None:
+    """ties-away (aiter's element rounding) differs from ties-even exactly at the ties whose upper neighbour is odd:
+    0.25, 1.25, 2.5 and 5 (0.75, 1.75, 3.5 round up either way); elsewhere both are the nearest value."""
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    assert e2m1_decode(e2m1_encode(ties, "ties-away")).tolist() == [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    assert e2m1_decode(e2m1_encode(-ties, "ties-away")).tolist() == [-0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    grid = torch.from_numpy(np.concatenate([np.arange(-8, 8, 0.0625), [1e9, -1e9, -0.0, 0.1, -0.1]]).astype(np.float32))
+    away, even = e2m1_encode(grid, "ties-away"), e2m1_encode(grid, "ties-even")
+    assert away.tolist() == [e2m1_encode_naive(float(v), "ties-away") for v in grid]
+    odd_tie = torch.isin(grid.abs(), torch.tensor([0.25, 1.25, 2.5, 5.0]))
+    assert torch.equal(away != even, odd_tie)
+    assert bool((e2m1_decode(away[odd_tie]).abs() > e2m1_decode(even[odd_tie]).abs()).all())
+    with pytest.raises(ValueError, match="'rounding'"):
+        e2m1_encode(grid, "nearest")
+
+
 def test_e2m1_random_matches_ml_dtypes() -> None:
     x = (torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 3).numpy()
     ours = e2m1_encode(torch.from_numpy(x)).numpy()

@@ -1,5 +1,5 @@
-"""Schemes: MXFP4/NVFP4 vs torchao and hand-worked blocks, the competition's bf16 quantize_fp8, granularities,
-and bad input (unknown names, amax = 0, NaN/inf, block sizes)."""
+"""Schemes: MXFP4/NVFP4 vs torchao and hand-worked blocks (aiter's own quantiser: `test_mxfp4_aiter`), the
+competition's bf16 quantize_fp8, granularities, and bad input (unknown names, amax = 0, NaN/inf, block sizes)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import torch
 
 from mlalab.quant import (
     KV_SCHEMES,
+    MXFP4_RECIPES,
     Q_SCHEMES,
+    MxFp4Scheme,
+    MxScaleRule,
     concrete_names,
     e2m1_decode,
     e8m0_to_float,
@@ -55,14 +58,18 @@ def _mx_test_data() -> torch.Tensor:
 
 
 @pytest.mark.slow  # the first torchao import takes several seconds
-@pytest.mark.parametrize("rule,mode", [("even", "EVEN"), ("floor", "FLOOR"), ("rceil", "RCEIL")])
-def test_mxfp4_matches_torchao(rule: str, mode: str) -> None:
+@pytest.mark.parametrize(
+    "scheme,mode", [("mxfp4-torchao-even", "EVEN"), ("mxfp4-ocp", "FLOOR"), ("mxfp4-rceil", "RCEIL")]
+)
+def test_mxfp4_matches_torchao(scheme: str, mode: str) -> None:
     to_mx, S, _, _ = _torchao()
     x = _mx_test_data()
-    packed, scales = mxfp4_quantize(x, rule)
+    packed, scales = mxfp4_quantize(x, *MXFP4_RECIPES[scheme])
     ao_scale, ao_data = to_mx(x, torch.float4_e2m1fn_x2, 32, getattr(S, mode))
-    assert torch.equal(scales, ao_scale.view(torch.uint8)), rule
-    assert torch.equal(packed, ao_data.view(torch.uint8)), rule
+    assert torch.equal(scales, ao_scale.view(torch.uint8)), scheme
+    assert torch.equal(packed, ao_data.view(torch.uint8)), scheme
+    y = get_kv_scheme(scheme).fake_quant(x.unsqueeze(1)).squeeze(1)
+    assert torch.equal(y, mxfp4_dequantize(packed, scales)), scheme
 
 
 @pytest.mark.slow
@@ -88,11 +95,44 @@ def test_mx_scale_rules_hand_worked() -> None:
     x[0] = 1.8
     x[1] = -0.3
     for rule, want0, want1 in (("floor", 1.5, -0.25), ("even", 2.0, -0.25), ("rceil", 2.0, -0.25)):
-        packed, s = mxfp4_quantize(x, rule)
+        packed, s = mxfp4_quantize(x, rule, "ties-even")
         y = mxfp4_dequantize(packed, s)
         assert y[0].item() == want0 and y[1].item() == want1, rule
         vals = e2m1_decode(unpack_e2m1(packed)) * e8m0_to_float(s)
         assert torch.equal(vals, y)
+
+
+def test_even_scale_rule_at_the_ends_of_fp32() -> None:
+    """An amax that rounds past fp32's range gets e = 127 (aiter: log2(inf) clamped); one that rounds to 0 (a subnormal
+    below 0.75 * 2**-126) e = -127; the largest that stays finite 2**127 / 4."""
+    big = torch.finfo(torch.float32).max
+    amax = torch.tensor([big, 1.75 * 2.0**127, 1.7 * 2.0**127, 2.0**-130, 0.75 * 2.0**-126, 1e-45])
+    assert mx_scale_exponent(amax, "even").tolist() == [127, 127, 125, -127, -127, -127]
+
+
+def test_mxfp4_aiter_breaks_ties_away_from_zero() -> None:
+    """The blocks aiter's dynamic_mxfp4_quant quantises differently from ties-to-even (value pairs, their block's
+    E8M0, aiter's byte): 0.009765625 * 2**7 = 1.25 goes to 1.5, -1.25 * 4 = -5 to -6, 14 / 4 = 3.5 to 4."""
+    cases = [((0.009765625, -0.0130615234375), 0.04, 120, 0xB3, 0xB2), ((-1.25, 1.4765625), 1.7, 125, 0x7F, 0x7E)]
+    cases.append(((5.0, 14.0), 14.0, 129, 0x63, 0x62))
+    for (a, b), top, e8m0, aiter_byte, even_byte in cases:
+        x = torch.zeros(1, 32)
+        x[0, :3] = torch.tensor([a, b, top])
+        x = x.bfloat16()
+        assert x[0, :2].float().tolist() == [a, b]
+        packed, scales = mxfp4_quantize(x, *MXFP4_RECIPES["mxfp4-aiter"])
+        assert int(scales[0, 0]) == e8m0 and int(packed[0, 0]) == aiter_byte, (a, b)
+        packed_even, scales_even = mxfp4_quantize(x, *MXFP4_RECIPES["mxfp4-torchao-even"])
+        assert torch.equal(scales_even, scales) and int(packed_even[0, 0]) == even_byte, (a, b)
+
+
+def test_mx_rule_names_are_checked() -> None:
+    with pytest.raises(ValueError, match="'rule'.*floor, even, rceil"):
+        mxfp4_quantize(torch.zeros(1, 32), "nearest", "ties-even")
+    with pytest.raises(ValueError, match="'rounding'.*ties-even, ties-away"):
+        mxfp4_quantize(torch.zeros(1, 32), "even", "even")
+    with pytest.raises(TypeError, match="rounding"):
+        MxFp4Scheme("mxfp4-x", MxScaleRule.EVEN, "ties-away")  # type: ignore[arg-type]
 
 
 def _competition_quantize_fp8(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +155,7 @@ def test_per_tensor_of_an_empty_tensor_gets_the_floor_scale(math_mode: str) -> N
     assert codes.shape == (0, 576) and torch.equal(scale, zero_scale) and bool(torch.isfinite(scale).all())
     packed, block_scales, g = nvfp4_quantize(empty)
     assert packed.shape == (0, 288) and block_scales.shape == (0, 36) and float(g) == 1.0
-    assert mxfp4_quantize(empty)[0].shape == (0, 288)
+    assert mxfp4_quantize(empty, "even", "ties-away")[0].shape == (0, 288)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3fn", "e4m3fnuz"])
@@ -205,7 +245,7 @@ def test_flashmla_v32_keeps_rope_bf16_and_pow2_scales() -> None:
 
 
 def test_bytes_per_token() -> None:
-    want = {"bf16": 1152, "fp8-tensor": 576, "fp8-token": 580, "mxfp4-aiter": 306, "mxfp4-ocp": 306, "nvfp4": 324}
+    want = {"bf16": 1152, "fp8-tensor": 576, "fp8-token": 580, "nvfp4": 324} | dict.fromkeys(MXFP4_RECIPES, 306)
     for n, b in want.items():
         assert get_kv_scheme(n).bytes_per_token == b
 
@@ -260,6 +300,6 @@ def test_direct_cast_fnuz_overflow_is_nan_like_torch() -> None:
 
 def test_mx_block_must_divide() -> None:
     with pytest.raises(ValueError, match="multiple of the block size 32"):
-        mxfp4_quantize(torch.randn(4, 48))
+        mxfp4_quantize(torch.randn(4, 48), "even", "ties-away")
     with pytest.raises(ValueError, match="multiple of the block size 16"):
         nvfp4_quantize(torch.randn(4, 40))

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from mlalab.backends import decode
 from mlalab.config import DecodeCase
 from mlalab.inputs import make_inputs
+from mlalab.plan import PLANNERS, emulate_plan, indptrs_for, make_plan
 from mlalab.reference import decode_inputs_reference
-from mlalab.splitkv import PLANNERS, emulate_plan, indptrs_for, make_plan
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -92,7 +92,7 @@ def test_quant_schemes_against_dequantized_reference() -> None:
     quant = pytest.importorskip("mlalab.quant")
     if not hasattr(quant, "get_kv_scheme"):
         pytest.skip("mlalab.quant has no get_kv_scheme yet")
-    from mlalab.splitkv import dequantized_inputs
+    from mlalab.plan import dequantized_inputs
 
     x = make_inputs(DecodeCase.uniform(2, 300))
     plan = make_plan("aiter-fast", x.qo_indptr, x.kv_indptr, 16)

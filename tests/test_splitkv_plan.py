@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from mlalab.splitkv import PLANNERS, PlanError, WorkPlan, indptrs_for, intra_batch_splits, make_plan
+from mlalab.plan import PLANNERS, PlanError, WorkPlan, indptrs_for, intra_batch_splits, make_plan
 
 
 def plan_for(planner: str, lens: list[int], target: object, **kw: object) -> WorkPlan:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from mlalab.plan import indptrs_for, make_plan
 from mlalab.plots.splitkv import cu_load_figure, reduce_groups_figure, work_map_figure
-from mlalab.splitkv import indptrs_for, make_plan
 from mlalab.widgets.splitkv import split_kv_panel
 
 

@@ -10,33 +10,22 @@ import pytest
 import torch
 
 from mlalab.accuracy import output_metrics
-from mlalab.plots.timing import (
-    bars_per_shape,
+from mlalab.config import COMPETITION_SHAPES
+from mlalab.plan import indptrs_for, make_plan
+from mlalab.plots.timing import bars_per_shape, plan_time_facts, roofline_figure
+from mlalab.records.schema import CSV_COLUMNS, config_cell, parse_config
+from mlalab.records.timings import (
     best_per_shape,
     fastest_record,
     load_recorded,
     plan_of_record,
-    plan_time_facts,
     record_for_shape,
-    roofline_figure,
     speedup_table,
 )
-from mlalab.splitkv import indptrs_for, make_plan
-from mlalab.timing import (
-    COMPETITION_SHAPES,
-    CSV_COLUMNS,
-    L2_BYTES,
-    MAX_ROTATION,
-    config_string,
-    copy_bandwidth,
-    kv_cache_bytes,
-    parse_config,
-    rel_l2,
-    rotation_copies,
-)
+from mlalab.timing import L2_BYTES, MAX_ROTATION, copy_bandwidth, kv_cache_bytes, rel_l2, rotation_copies
 
 #: the newest full recorded run: what the views, the panel and the CLI show by default
-DEFAULT_RUN = "h200_2026-12-04_run17.csv"
+DEFAULT_RUN = "h200_2026-12-04_run18.csv"
 
 
 def test_recorded_csvs_have_the_schema_and_the_competition_suite() -> None:
@@ -59,7 +48,7 @@ def test_rotation_copies_span_four_l2s_within_bounds() -> None:
     # the bytes of one rotated copy, per precision (one place: the bench and scripts/hopper_ab.py use it)
     assert kv_cache_bytes(4, 1024, "a8w8") == kv_cache_bytes(4, 1024, "a16w8") == 4 * 1024 * 576
     assert kv_cache_bytes(4, 1024, "bf16") == 2 * 4 * 1024 * 576
-    with pytest.raises(ValueError, match="precision must be one of"):
+    with pytest.raises(ValueError, match="unknown precision 'fp4'; supported: a8w8, a16w8, bf16"):
         kv_cache_bytes(4, 1024, "fp4")
     for bad in (0, -5, 1.5, True, "8"):
         with pytest.raises(ValueError, match="kv_bytes"):
@@ -117,7 +106,7 @@ def test_bench_cli_without_gpu_reads_recorded_data() -> None:
     r = subprocess.run([sys.executable, "-m", "mlalab", "bench", "--recorded"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "recorded data" in r.stdout and "flashmla" in r.stdout
-    assert f"files read: {DEFAULT_RUN}" in r.stdout and "143.10" in r.stdout  # one run, not min over all
+    assert f"files read: {DEFAULT_RUN}" in r.stdout and "139.26" in r.stdout  # one run, not min over all
     assert "477" not in r.stdout  # the d-chunk sweep's variant is not in the default view
     r = subprocess.run([sys.executable, "-m", "mlalab", "bench", "--recorded", "--best-of-all"],
                        capture_output=True, text=True)  # fmt: skip
@@ -136,21 +125,23 @@ def test_best_per_shape_keeps_whole_rows() -> None:
         assert str(same["config"]) == str(r.config) and same["planner"] == r.planner, (r, same[cols])
 
 
-def test_config_column_is_the_full_kernel_config_and_old_cells_still_read() -> None:
-    from mlalab.splitkv.triton_mla import KernelConfig
+def test_config_column_is_what_ran_and_old_cells_still_read() -> None:
+    import dataclasses
+
+    from mlalab.kernels import KernelConfig
+    from mlalab.records.schema import is_default_config
 
     plan = make_plan("simple", *indptrs_for([1024] * 4), 264)
-    s = config_string("triton", {"num_warps": 4, "plan_block": 128}, plan)
+    record = {**dataclasses.asdict(KernelConfig(pdl=False)), "plan_block": 128, "num_cus": plan.num_cus,
+              "plan": plan.digest(), "ran": "sm90:v-regs"}  # fmt: skip
+    s = config_cell({"planner": "simple"}, record)
     d = parse_config(s)
-    assert {k: d[k] for k in KernelConfig.__dataclass_fields__} == {**KernelConfig().__dict__, "num_warps": 4}
-    assert d["num_cus"] == 264 and d["plan_block"] == 128  # the plan slots actually used, and the plan knob
-    from mlalab.plots.timing import is_default_config
-
-    ran = config_string("triton", {}, make_plan("simple", *indptrs_for([1024] * 4), 132), "hopper")
-    assert parse_config(ran)["ran"] == "hopper" and is_default_config(ran, 132)  # which kernel auto chose
+    assert {k: d[k] for k in KernelConfig.knobs()} == {**dataclasses.asdict(KernelConfig()), "pdl": False}
+    assert d["num_cus"] == 264 and d["plan_block"] == 128 and d["ran"] == "sm90:v-regs"
+    assert not is_default_config(s, 264) and d["plan"]["hash"] == plan.digest()["hash"]
     assert parse_config("dc256_w8:" + s)["variant"] == "dc256_w8"
-    assert config_string("flashmla", {}) == "" and config_string("aiter", {"b": 1, "a": True}) == "a=True,b=1"
-    # every recorded cell parses (old k=v, perf_sweep's "name:k=v", empty = that run's defaults)
+    assert config_cell({}) == "" and config_cell({"b": 1, "a": True}) == "a=True,b=1"  # backends that record none
+    # every recorded cell parses (old k=v, an old sweep's "name:k=v", empty = that run's defaults)
     for c in load_recorded()["config"]:
         assert isinstance(parse_config(c), dict)
     assert parse_config("num_cus=264,num_warps=8,transposed=True") == {

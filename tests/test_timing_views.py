@@ -11,39 +11,36 @@ import pytest
 import torch
 
 from mlalab.__main__ import main as cli
-from mlalab.config import DecodeCase
+from mlalab.config import COMPETITION_SHAPES, DecodeCase
 from mlalab.io import atomic_write
-from mlalab.plots.timing import (
-    BF16_MATMUL_ROOF_TFLOPS,
-    ROOF_SOURCE,
-    bars_per_shape,
+from mlalab.kernels import KernelConfig
+from mlalab.plan import WorkPlan, indptrs_for, make_plan
+from mlalab.plots.timing import BF16_MATMUL_ROOF_TFLOPS, ROOF_SOURCE, bars_per_shape, roofline_figure
+from mlalab.records.schema import CSV_COLUMNS, TimingRecord, config_cell, is_default_config, parse_config, write_csv
+from mlalab.records.timings import (
     default_run,
     headline,
-    is_default_config,
     load_recorded,
     plan_check,
     plan_of_record,
     record_for_shape,
     recorded_view,
-    roofline_figure,
 )
 from mlalab.report import ReportOptions, section_timings
-from mlalab.splitkv import indptrs_for, make_plan
-from mlalab.timing import (
-    COMPETITION_SHAPES,
-    CSV_COLUMNS,
-    TimingRecord,
-    call_bytes,
-    check_suite_args,
-    config_string,
-    run_suite,
-    write_csv,
-)
+from mlalab.timing import call_bytes, check_suite_args, run_suite
 from mlalab.traffic import decode_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
-NEWEST_RUN = "h200_2026-12-04_run17.csv"  # the newest full run: the default view
+NEWEST_RUN = "h200_2026-12-04_run18.csv"  # the newest full run: the default view
+
+
+def _cell(plan: WorkPlan, **knobs: object) -> str:
+    """The config cell a run of today's Triton backend records for `plan` (`mlalab.backends.triton`'s record)."""
+    import dataclasses
+
+    return config_cell({}, {**dataclasses.asdict(KernelConfig()), **knobs, "num_cus": plan.num_cus,
+                            "plan": plan.digest(), "ran": "sm90:v-regs"})  # fmt: skip
 
 
 def test_readme_numbers_are_what_the_default_views_show() -> None:
@@ -106,13 +103,16 @@ def test_default_view_is_one_run_one_config_per_shape() -> None:
 def test_default_config_rule() -> None:
     plan = make_plan("simple", *indptrs_for([1024] * 4), 132)
     assert is_default_config(float("nan")) and is_default_config("")
-    assert is_default_config(config_string("triton", {}, plan), 132)
-    assert not is_default_config(config_string("triton", {}, plan), 264)  # 2 plan slots per SM is a variant
-    assert not is_default_config(config_string("triton", {"num_warps": 4}, plan), 132)
-    # hopper_stages: None (the path's ring) since session 11; runs before recorded the then-default 3, which is what
-    # None resolves to on the fp8 paths they timed; any other depth is a variant
+    assert is_default_config(_cell(plan), 132)
+    assert not is_default_config(_cell(plan), 264)  # 2 plan slots per SM is a variant
+    assert not is_default_config(_cell(plan, plan_block=128), 132)  # a plan option given is a variant
+    assert not is_default_config(_cell(plan, p_fp8=False), 132)
+    # retired knobs (recorded by runs before the experiments were deleted): the values that selected what the code
+    # does now are defaults, any other value a variant; a knob nobody knows is not a default
     assert is_default_config('{"hopper_stages": 3}') and is_default_config('{"hopper_stages": null}')
-    assert not is_default_config('{"hopper_stages": 2}')
+    assert is_default_config('{"hopper_variant": "auto", "num_warps": 8, "kernel": "auto"}')
+    assert not is_default_config('{"hopper_stages": 2}') and not is_default_config('{"hopper_block": 128}')
+    assert not is_default_config('{"warp_size": 64}')
     assert not is_default_config("num_warps=8") and not is_default_config("f16_w8:num_warps=8")
 
 
@@ -144,11 +144,11 @@ def test_plan_digest_says_whether_the_map_is_the_measured_plan() -> None:
     row = record_for_shape(load_recorded(), 64, 8192, run=RUN3).copy()
     today = plan_of_record(row)
     assert plan_check(row, today)[0] == "unknown"  # run3 recorded no digest
-    row["config"] = config_string("triton", {}, today)  # what a new run records for this plan
+    row["config"] = _cell(today)  # what a new run records for this plan
     status, text = plan_check(row, plan_of_record(row))
     assert status == "same" and "same plan as measured" in text.lower()
     other = make_plan("balanced", *indptrs_for([8192] * 64), 132)
-    row["config"] = config_string("triton", {}, other)
+    row["config"] = _cell(other)
     status, text = plan_check(row, today)
     assert status == "differs" and "differs from the measured one" in text
 
@@ -209,10 +209,11 @@ def test_fill_accuracy_fills_the_deferred_error_columns_and_refuses_mismatches()
     from its kept output against references on the same inputs; an output equal to the exact reference has error 0
     against it and the quantisation error against the a8w8 emulation. Wrong status or shape is refused."""
     from mlalab.inputs import make_inputs
-    from mlalab.timing import ACCURACY_PENDING, TimingRecord, _refs, bench_one, fill_accuracy
+    from mlalab.records.schema import ACCURACY_PENDING
+    from mlalab.timing import bench_one, fill_accuracy, quantised_reference
 
     x = make_inputs(DecodeCase.uniform(2, 96))
-    exact, emul = _refs(x, "a8w8", {})
+    exact, emul = quantised_reference(x, "a8w8", {})
     rec = TimingRecord("triton", "simple", "a8w8", "{}", 2, 96, status=ACCURACY_PENDING)
     noisy = TimingRecord("flashmla", "-", "a8w8", "", 2, 96, status=ACCURACY_PENDING)
     fill_accuracy([(rec, exact.clone()), (noisy, emul.clone())], x)
@@ -236,7 +237,7 @@ def test_fill_accuracy_fills_the_deferred_error_columns_and_refuses_mismatches()
 def test_rows_timed_before_the_accuracy_pass_stay_in_the_views(tmp_path: Path) -> None:
     """A suite stopped between its passes leaves rows 'accuracy pending' (valid times, NaN errors): the views keep
     them; failed rows they drop."""
-    from mlalab.timing import ACCURACY_PENDING
+    from mlalab.records.schema import ACCURACY_PENDING
 
     recs = [TimingRecord("triton", "simple", "a8w8", "{}", 4, 1024, us_median=6.0, status=ACCURACY_PENDING),
             TimingRecord("flashmla", "-", "a8w8", "", 4, 1024, us_median=10.0),
@@ -264,10 +265,7 @@ def test_suite_rewrites_the_csv_after_each_shape(tmp_path: Path) -> None:
 
 def test_a8w8_only_run_is_shown_by_name_with_the_kernel_that_ran() -> None:
     """Run 5 (a8w8 + FlashMLA only) is not the default view (that needs every precision), but its rows are whole:
-    both backends on all 12 shapes, each Triton row naming which sm_90 stage 1 `hopper_variant="auto"` chose."""
-    from mlalab.splitkv.triton_mla import HOPPER_LONG_STREAM
-    from mlalab.timing import parse_config
-
+    both backends on all 12 shapes, each Triton row naming which sm_90 stage 1 ran."""
     df = load_recorded()
     run5 = "h200_2026-12-02_run5.csv"
     assert default_run(df) != run5
@@ -277,10 +275,9 @@ def test_a8w8_only_run_is_shown_by_name_with_the_kernel_that_ran() -> None:
         assert sorted(zip(r["batch"], r["kv_len"])) == sorted(COMPETITION_SHAPES)
     tri = v.rows[v.rows["backend"] == "triton"]
     ran = {(int(b), int(n)): parse_config(c)["ran"] for b, n, c in zip(tri["batch"], tri["kv_len"], tri["config"])}
-    # then (rule: v-regs from 16 tiles on some CTA) the long streams ran v-regs, the short ones vt-smem; since run 9
-    # (refill after the PV, rule: 1 tile) every shape runs v-regs; in run 16 with fp16 partials and the Gluon reduce
-    # where the plan split >= 8 requests, since run 17 (session 16) wherever the KV is fp8
-    assert ran[(128, 8192)] == "hopper:v-regs" and ran[(4, 1024)] == "hopper:vt-smem" and HOPPER_LONG_STREAM == 1
+    # then the long streams ran v-regs, the short ones vt-smem (a path deleted since: docs/journal.md); today every
+    # shape runs v-regs, with fp16 partials and the Gluon reduce wherever the KV is fp8
+    assert ran[(128, 8192)] == "hopper:v-regs" and ran[(4, 1024)] == "hopper:vt-smem"
 
     def a8w8_ran(run: str | None = None) -> dict[tuple[int, int], str]:
         rows = recorded_view(df, run=run).rows
@@ -289,7 +286,9 @@ def test_a8w8_only_run_is_shown_by_name_with_the_kernel_that_ran() -> None:
         return {(int(b), int(n)): parse_config(c)["ran"] for b, n, c in shapes}
 
     ran_now = a8w8_ran()
-    assert set(ran_now.values()) == {"hopper:v-regs+fp16-partials+gluon-reduce"} and len(ran_now) == 12
+    assert set(ran_now.values()) == {"sm90:v-regs"} and len(ran_now) == 12  # (fp16 partials + Gluon reduce: fp8 KV)
+    ran17 = a8w8_ran("h200_2026-12-04_run17.csv")  # the same kernels before the redesign, named as they were then
+    assert set(ran17.values()) == {"hopper:v-regs+fp16-partials+gluon-reduce"}
     ran16 = a8w8_ran("h200_2026-12-04_run16.csv")
     assert ran16[(4, 1024)] == ran16[(4, 8192)] == "hopper:v-regs"  # 4 split requests: fp32 + Triton reduce
     assert ran16[(8, 1024)] == "hopper:v-regs+fp16-partials+gluon-reduce"
@@ -301,11 +300,29 @@ def test_newest_file_orders_run_numbers_by_value(tmp_path: Path) -> None:
 
     names = ["h200_2026-12-03_run9.csv", "h200_2026-12-03_run10.csv", "h200_2026-12-02_run11.csv"]
     assert max(names, key=natural_key) == "h200_2026-12-03_run10.csv"  # (dates first: the same prefix up to them)
-    profiles = ["h200_2026-12-03_profile.csv", "h200_2026-12-03s9b_profile.csv", "h200_2026-12-03s10_profile.csv"]
-    assert sorted(profiles, key=natural_key)[-1] == "h200_2026-12-03s10_profile.csv"
+    profiles = ["h200_2026-12-03_profile.csv", "h200_2026-12-03_s9b_profile.csv", "h200_2026-12-03_s10_profile.csv"]
+    assert sorted(profiles, key=natural_key)[-1] == "h200_2026-12-03_s10_profile.csv"
     with pytest.raises(TypeError, match="name must be a str"):
         natural_key(3)  # type: ignore[arg-type]
     # the default view: two full runs of the same date, the higher run number wins
     d = load_recorded()
     nine = d[d["run"] == NEWEST_RUN].assign(run="h200_2026-12-03_run9x.csv")
     assert default_run(pd.concat([nine, d[d["run"] == NEWEST_RUN]])) == NEWEST_RUN
+
+
+def test_every_recorded_run_reads_whatever_knobs_its_config_cells_name() -> None:
+    """Old runs recorded knobs that were deleted since (docs/journal.md): every file still loads, its cells parse, and
+    each full run's default view keeps one row per (backend, precision, shape)."""
+    df = load_recorded()
+    for run in sorted(set(df["run"])):
+        d = df[df["run"] == run]
+        assert all(isinstance(parse_config(c), dict) for c in d["config"]), run
+        try:
+            v = recorded_view(df, run=run)
+        except ValueError as e:  # a run of one shape per config (a sweep) says so: never a KeyError or TypeError
+            assert "several default rows" in str(e), (run, e)
+            continue
+        assert not v.rows.duplicated(["backend", "precision", "batch", "kv_len"]).any(), run
+    # the runs before the redesign show Triton at the default of their day: a full row set in run 17
+    v17 = recorded_view(df, run="h200_2026-12-04_run17.csv")
+    assert (v17.rows["backend"] == "triton").sum() == 36

@@ -53,7 +53,7 @@ def test_emulator_refuses_nonfinite_inputs_unless_asked(x) -> None:
     bad = type(x)(q, x.kv_buffer, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len, x.case)
     with pytest.raises(ValueError, match="q contains 1 non-finite"):
         decode(bad, backend="emulated", planner="balanced", target="h200")
-    from mlalab.splitkv import emulate_plan, make_plan
+    from mlalab.plan import emulate_plan, make_plan
 
     plan = make_plan("balanced", bad.qo_indptr, bad.kv_indptr, "h200")
     out = emulate_plan(bad, plan, allow_nonfinite=True).out
@@ -68,7 +68,7 @@ def test_backend_options_are_checked_per_backend(x) -> None:
 
 
 def test_paged_plans_need_the_last_page_lengths() -> None:
-    from mlalab.splitkv import make_plan
+    from mlalab.plan import make_plan
 
     qo, kv = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 4, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="kv_last_page_len is required when page_size > 1"):

@@ -2,9 +2,13 @@
 
 Each backend is a module ``mlalab/backends/<name>.py`` defining
 
-* ``probe() -> str | None``: None when usable here, else the reason it is not (never raises), and
+* ``probe() -> str | None``: None when usable here, else the reason it is not (never raises);
 * ``decode(inputs: DecodeInputs, **options) -> tuple[Tensor, Tensor]``: output ``(total_q, 16, 512)`` and
-  natural-log LSE ``(total_q, 16)`` (LSE may be None where a backend cannot return it).
+  natural-log LSE ``(total_q, 16)`` (LSE may be None where a backend cannot return it);
+* the GPU ones also ``PRECISIONS`` (the names of `mlalab.quant.precision` they run) and
+  ``make_callable(inputs, *, precision, fp8_format, n_copies, **options) -> (call, info)``: everything built once,
+  ``call(i)`` one decode on KV copy ``i`` (what `mlalab.timing` times), ``info["kv_bytes"]`` and, where the backend
+  has choices to record, ``info["record"]`` (a JSON-able dict of what ran: the timing CSV's ``config`` column).
 
 Backends are imported lazily: importing ``aiter`` off ROCm raises RuntimeError (not ImportError), and the
 GPU peers pull in CUDA libraries; none of that may break ``import mlalab``.
@@ -30,6 +34,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "aiter": ("mlalab.backends.aiter", "AMD aiter persistent MLA decode (ROCm only)"),
     "flashmla": ("mlalab.backends.flashmla", "FlashMLA (sgl-flash-mla) dense sm90 decode, peer"),
     "flashinfer": ("mlalab.backends.flashinfer", "FlashInfer fa3 MLA decode, peer"),
+    "reference-torch": ("mlalab.backends.reference_torch", "batched bf16 torch matmuls: what a user would write"),
 }
 
 

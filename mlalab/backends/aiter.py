@@ -556,7 +556,7 @@ class AiterDecoder:
         return "aiter-intra-batch" if self.settings.intra_batch_mode else "aiter-fast"
 
     def aiter_plan(self, inputs: DecodeInputs) -> Any:
-        """aiter's own work map for `inputs`, as a `mlalab.splitkv.WorkPlan` (CPU copy)."""
+        """aiter's own work map for `inputs`, as a `mlalab.plan.WorkPlan` (CPU copy)."""
         p = self.prepare(inputs)
         return plan_from_aiter_buffers(
             p.buffers,
@@ -569,7 +569,7 @@ class AiterDecoder:
     def our_plan(self, inputs: DecodeInputs) -> Any:
         """Our re-implemented planner for the same inputs, target and knobs (page size 1, token indptr)."""
         from ..config import get_target
-        from ..splitkv import make_plan
+        from ..plan import make_plan
 
         tok_indptr, _ = token_kv_indices(
             inputs.kv_indptr.cpu(), inputs.kv_indices.cpu(), inputs.kv_last_page_len.cpu(), inputs.page_size
@@ -627,27 +627,34 @@ def decode(inputs: DecodeInputs, **options: Any) -> tuple[torch.Tensor, torch.Te
     return get_decoder(AiterSettings(**options))(inputs, return_lse=return_lse)
 
 
-def main() -> None:
-    """Demo: the probe; on ROCm one decode of the seeds' case against its quantized reference."""
+PRECISIONS = ("a8w8", "a16w8", "bf16")
+
+
+def make_callable(inputs: DecodeInputs, *, precision: str = "a8w8", fp8_format: str | None = None,
+                  n_copies: int = 1, **overrides: Any) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """ROCm only: aiter's persistent MLA decode as a timeable ``call(i)`` (the backend interface of `mlalab.timing`).
+    Everything (settings, quantisation, metadata buffers, page table) is built once here; ``call(i)`` is
+    `AiterDecoder.run` on KV copy ``i``. The fp8 flavour is the architecture's (`fp8_format` must match it if
+    given); `overrides` are `AiterSettings` fields."""
+    from .aiter_args import settings_for_precision, token_kv_indices
+
     reason = probe()
-    print("aiter:", "available" if reason is None else f"unavailable: {reason}")
-    from ..config import DecodeCase
-    from ..inputs import make_inputs
+    if reason is not None:
+        raise RuntimeError(f"aiter backend unavailable: {reason}")
+    dec = AiterDecoder(settings_for_precision(precision, **overrides))
+    if fp8_format is not None and fp8_format != dec.rt.fp8_flavour:
+        raise ValueError(f"fp8_format {fp8_format!r}: aiter on {dec.rt.arch} runs {dec.rt.fp8_flavour}")
+    prepared = dec.prepare(inputs)
+    qi = quantize_inputs(inputs, dec.settings, dec.rt.fp8_flavour)
+    _, tok_indices = token_kv_indices(inputs.kv_indptr, inputs.kv_indices, inputs.kv_last_page_len, inputs.page_size)
+    prepared.kv_indices.copy_(tok_indices.to(torch.int32))
+    copies = [qi] + [
+        QuantizedInputs(qi.q, qi.kv_buffer.clone(), qi.q_scale, qi.kv_scale) for _ in range(max(0, n_copies - 1))
+    ]
 
-    x = make_inputs(DecodeCase.uniform(4, 1024))
-    if reason is None:
-        dec = get_decoder(AiterSettings())
-        out, lse = dec(x)
-        ref, _ = quantized_reference(x, dec.settings, dec.rt.fp8_flavour)
-        err = (out.double().cpu() - ref).norm() / ref.norm()
-        print(f"{dec.rt.arch} aiter {dec.rt.abi.version}: rel-L2 vs quantized reference {err.item():.3e}")
-        return
-    for flavour in ("e4m3fnuz", "e4m3fn"):
-        ref, _ = quantized_reference(x, AiterSettings(), flavour)
-        exact, _ = decode_reference(x.q, x.kv_buffer, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len)
-        err = (ref - exact).norm() / exact.norm()
-        print(f"fp8 {flavour}: the quantized reference differs from the exact decode by rel-L2 {err.item():.3e}")
+    def call(i: int) -> torch.Tensor:
+        dec.run(prepared, copies[i % len(copies)])
+        return prepared.out
 
-
-if __name__ == "__main__":
-    main()
+    record = {f.name: getattr(dec.settings, f.name) for f in fields(dec.settings)}
+    return call, {"kv_bytes": qi.kv_buffer.numel() * qi.kv_buffer.element_size(), "record": record}

@@ -845,23 +845,3 @@ def token_kv_indices(
         keep[start : start + n] = True
         start += p * page_size
     return token_indptr.to(dev), rows[keep.to(dev)].to(torch.int32)
-
-
-def main() -> None:
-    """Demo: what the backend would pass for the seeds' case (B=4, L=1024) on MI300X and MI355X."""
-    from ..config import GPU_TARGETS
-
-    s = AiterSettings()
-    for key in ("mi300x", "mi355x"):
-        t = GPU_TARGETS[key]
-        shapes = metadata_buffer_shapes(batch=4, q_len=1, num_cus=t.num_cus, settings=s, arch=t.arch)
-        print(t.name, t.arch, "fp8 flavour", fp8_flavour_for_arch(t.arch))
-        for name, (shape, dt) in shapes.items():
-            print(f"  {name:20s} {shape} {str(dt).replace('torch.', '')}")
-    for ver in ("0.1.11.post1", "0.1.12", "0.1.16.post2"):
-        abi = abi_for_version(ver)
-        print(ver, "stage1 lse:", abi.stage1_has_lse, "reduce num_kv_splits:", abi.reduce_has_num_kv_splits)
-
-
-if __name__ == "__main__":
-    main()

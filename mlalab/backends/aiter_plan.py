@@ -1,6 +1,6 @@
 """Our work map vs aiter's: read aiter's metadata tensors into a `WorkPlan` and diff two plans.
 
-`mlalab.splitkv` re-implements aiter's planners (intra-batch v1.0, fast v1.2). On ROCm the `aiter` backend can
+`mlalab.plan` re-implements aiter's planners (intra-batch v1.0, fast v1.2). On ROCm the `aiter` backend can
 hand back the metadata aiter itself wrote (`AiterDecoder.aiter_plan`); `plan_from_aiter_buffers` trims those
 over-sized buffers to the entries that are defined, and `compare_plans` names every difference.
 
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-if TYPE_CHECKING:  # the WorkPlan class lives in mlalab.splitkv (imported lazily: it may not be built yet)
-    from ..splitkv import WorkPlan
+if TYPE_CHECKING:
+    from ..plan import WorkPlan
 
 __all__ = ["PlanDiff", "compare_plans", "plan_from_aiter_buffers", "defined_entries", "WORK_INFO_FIELDS"]
 
@@ -171,7 +171,7 @@ def plan_from_aiter_buffers(
 ) -> WorkPlan:
     """A `WorkPlan` from aiter's metadata buffers (device tensors as `get_mla_metadata_v1` filled them): copied
     to the CPU (the originals stay at their addresses) and trimmed to their defined entries."""
-    from ..splitkv import WorkPlan
+    from ..plan import WorkPlan
 
     for name in ("work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map", "reduce_partial_map"):
         if not isinstance(buffers.get(name), torch.Tensor):
@@ -200,21 +200,3 @@ def plan_from_aiter_buffers(
         n_partial_rows=int(rows.max()) if rows.numel() else 0,
         kv_lens=tuple(int(n) for n in kv_lens),
     )
-
-
-def main() -> None:
-    """Demo: diff our intra-batch plan for the seeds' case on MI300X with the fast-mode plan (needs splitkv)."""
-    from ..config import get_target
-    from ..splitkv import make_plan
-
-    qo = torch.arange(5, dtype=torch.int32)
-    kv = torch.arange(5, dtype=torch.int32) * 1024
-    t = get_target("mi300x")
-    a = make_plan("aiter-intra-batch", qo, kv, t)
-    b = make_plan("aiter-fast", qo, kv, t)
-    print(compare_plans(a, a))
-    print(compare_plans(a, b, limit=5))
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..inputs import DecodeInputs
-from ..splitkv import emulate_plan, make_plan
+from ..plan import emulate_plan, make_plan
 
 
 def probe() -> str | None:
@@ -41,19 +41,3 @@ def decode(
         inputs, plan, q_scheme=q_scheme, kv_scheme=kv_scheme, fp8_format=fp8_format, compute_dtype=compute_dtype
     )
     return res.out, res.lse
-
-
-def main() -> None:
-    """Demo: emulated decode of the seeds' shape (B = 4, L = 1024) vs the reference."""
-    from ..config import DecodeCase
-    from ..inputs import make_inputs
-    from ..reference import decode_inputs_reference
-
-    x = make_inputs(DecodeCase.uniform(4, 1024))
-    out, _ = decode(x)
-    ref, _ = decode_inputs_reference(x)
-    print(f"emulated aiter-intra-batch on MI355X: rel-L2 vs reference {float((out - ref).norm() / ref.norm()):.2e}")
-
-
-if __name__ == "__main__":
-    main()

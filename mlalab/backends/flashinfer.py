@@ -47,7 +47,7 @@ def make_callable(
         raise ValueError("the flashinfer peer here uses page size 1")
     import flashinfer
 
-    from ..splitkv.triton_mla import prepare
+    from ..kernels import prepare
 
     prep = prepare(inputs, precision, fp8_format)
     dev = prep.q.device

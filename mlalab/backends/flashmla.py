@@ -48,10 +48,10 @@ def make_callable(
     from flash_mla import flash_mla_with_kvcache, get_mla_decoding_metadata, get_mla_metadata
     from flash_mla.flash_mla_interface import FlashMLASchedMeta
 
-    from ..splitkv.triton_mla import prepare
+    from ..kernels import prepare
 
     B, L = inputs.batch, int(lens[0])
-    prep = prepare(inputs, "bf16" if precision == "bf16" else "a8w8", fp8_format)
+    prep = prepare(inputs, precision, fp8_format)
     q = prep.q.view(B, 1, MLA.num_heads, MLA.qk_dim)
     kv = prep.kv.view(B * L // 64, 64, 1, MLA.qk_dim)
     copies = [kv] + [kv.clone() for _ in range(max(0, n_copies - 1))]

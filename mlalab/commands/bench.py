@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+
+from ..timing import ALL_PRECISIONS
 
 NAME = "bench"
 HELP = "GPU timings (CUDA graphs, L2-rotated KV) of triton / flashmla / flashinfer / reference-torch; CSV"
 ORDER = 60
-
-DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "timings")
 
 
 def _csv_list(text: str) -> tuple[str, ...]:
@@ -23,13 +22,13 @@ def _csv_list(text: str) -> tuple[str, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="competition", help="competition (12 shapes) or smoke (2 shapes)")
     p.add_argument("--backends", type=_csv_list, default=("triton", "flashmla", "flashinfer", "reference-torch"))
-    p.add_argument("--precisions", type=_csv_list, default=("a8w8", "a16w8", "bf16"))
-    p.add_argument("--planners", type=_csv_list, default=("simple",), help="triton planners (simple or splitkv's)")
+    p.add_argument("--precisions", type=_csv_list, default=ALL_PRECISIONS)
+    p.add_argument("--planners", type=_csv_list, default=("simple",), help="triton planners (mlalab.plan.PLANNERS)")
     p.add_argument(
         "--triton-configs",
         type=json.loads,
         default=[{}],
-        help='JSON list of kernel configs, e.g. \'[{"block_n":64,"transposed":true}]\'',
+        help='JSON list of kernel configs (KernelConfig knobs and plan options), e.g. \'[{}, {"kernel":"portable"}]\'',
     )
     p.add_argument("--calls", type=int, default=20, help="calls per CUDA graph (>= 1, default 20)")
     p.add_argument("--replays", type=int, default=10, help="graph replays (>= 3, default 10)")
@@ -43,13 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def summarise_recorded(data_dir: str = DATA_DIR, *, best_of_all: bool = False, run: str | None = None) -> int:
-    """Print the recorded µs per (backend, precision) x shape of one view (`mlalab.plots.timing.recorded_view`):
+def summarise_recorded(data_dir: str | None = None, *, best_of_all: bool = False, run: str | None = None) -> int:
+    """Print the recorded µs per (backend, precision) x shape of one view (`mlalab.records.timings.recorded_view`):
     one run by default, or best of all with the winning run · planner · config per shape."""
-    from ..plots.timing import load_recorded, recorded_view, speedup_table, winners_table
+    from ..records.timings import TIMINGS_DIR, load_recorded, recorded_view, speedup_table, winners_table
 
     try:
-        df = load_recorded(data_dir)
+        df = load_recorded(data_dir or TIMINGS_DIR)
     except FileNotFoundError as e:
         print(str(e))
         return 1
@@ -107,11 +106,3 @@ def run(a: argparse.Namespace) -> int:
     if a.out:
         print(f"wrote {len(recs)} records to {a.out}")
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    ap = argparse.ArgumentParser(prog="mlalab.commands.bench")
-    add_arguments(ap)
-    sys.exit(run(ap.parse_args()))

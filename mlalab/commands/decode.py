@@ -10,8 +10,8 @@ import torch
 from ..backends import BACKENDS
 from ..backends import decode as backend_decode
 from ..inputs import make_inputs
+from ..plan import dequantized_inputs
 from ..reference import decode_inputs_reference
-from ..splitkv import dequantized_inputs
 from ._common import add_case_arguments, case_from_args, print_record
 from .plan import add_plan_arguments, plan_knobs
 

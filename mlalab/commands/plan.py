@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from ..inputs import paged_layout
-from ..splitkv import PLANNERS, make_plan
+from ..plan import PLANNERS, make_plan
 from ._common import add_case_arguments, case_from_args, print_json
 
 NAME = "plan"

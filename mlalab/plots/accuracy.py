@@ -13,7 +13,7 @@ import torch
 
 from ..quant import Fp8Format, get_fp8_format
 
-__all__ = ["TABLE_COLUMNS", "metrics_table", "sqnr_heatmap", "error_histogram", "value_histogram", "main"]
+__all__ = ["TABLE_COLUMNS", "metrics_table", "sqnr_heatmap", "error_histogram", "value_histogram"]
 
 TABLE_COLUMNS = (
     "q_scheme",
@@ -168,23 +168,3 @@ def value_histogram(
         showlegend=False,
     )
     return fig
-
-
-def main() -> None:
-    """Demo: write the figures of a small sweep to HTML files in the current folder."""
-    from ..accuracy import sweep
-    from ..config import DecodeCase
-
-    df = sweep(
-        DecodeCase.uniform(2, 256),
-        ["bf16", "fp8-direct", "fp8-tensor"],
-        ["bf16", "fp8-tensor", "mxfp4-aiter"],
-        progress=False,
-    )
-    sqnr_heatmap(df).write_html("accuracy_heatmap.html")
-    metrics_table(df).write_html("accuracy_table.html")
-    print("wrote accuracy_heatmap.html, accuracy_table.html")
-
-
-if __name__ == "__main__":
-    main()

@@ -7,8 +7,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from ..splitkv.emulate import EmulationResult
-from ..splitkv.plan import WorkPlan
+from ..plan import EmulationResult, WorkPlan
 
 __all__ = ["work_map_figure", "cu_load_figure", "reduce_groups_figure", "step_through_figure"]
 
@@ -177,18 +176,3 @@ def step_through_figure(
         margin={"l": 50, "r": 20, "t": 70, "b": 60},
     )
     return fig
-
-
-def main() -> None:
-    """Demo: write the figures of the seeds' case to /tmp as HTML."""
-    from ..splitkv import indptrs_for, make_plan
-
-    qo, kv = indptrs_for([1024] * 4)
-    plan = make_plan("aiter-fast", qo, kv, "mi300x")
-    for name, fig in (("work_map", work_map_figure(plan)), ("cu_load", cu_load_figure(plan))):
-        fig.write_html(f"/tmp/splitkv_{name}.html")
-        print(f"/tmp/splitkv_{name}.html")
-
-
-if __name__ == "__main__":
-    main()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .formats import (
     E2M1_VALUES,
     FP8_FORMATS,
+    E2M1Rounding,
     Fp8Format,
     decode_fp8,
     e2m1_decode,
@@ -21,9 +22,10 @@ from .formats import (
     pack_e2m1,
     unpack_e2m1,
 )
-from .mx import MxRule, mx_scale_exponent, mxfp4_dequantize, mxfp4_quantize, nvfp4_dequantize, nvfp4_quantize
+from .mx import MxScaleRule, mx_scale_exponent, mxfp4_dequantize, mxfp4_quantize, nvfp4_dequantize, nvfp4_quantize
 from .schemes import (
     KV_SCHEMES,
+    MXFP4_RECIPES,
     Q_SCHEMES,
     Bf16Scheme,
     FlashMLAV32Scheme,
@@ -41,6 +43,7 @@ from .schemes import (
 
 __all__ = [
     "E2M1_VALUES",
+    "E2M1Rounding",
     "FP8_FORMATS",
     "Fp8Format",
     "decode_fp8",
@@ -53,13 +56,14 @@ __all__ = [
     "get_fp8_format",
     "pack_e2m1",
     "unpack_e2m1",
-    "MxRule",
+    "MxScaleRule",
     "mx_scale_exponent",
     "mxfp4_quantize",
     "mxfp4_dequantize",
     "nvfp4_quantize",
     "nvfp4_dequantize",
     "KV_SCHEMES",
+    "MXFP4_RECIPES",
     "Q_SCHEMES",
     "Bf16Scheme",
     "FlashMLAV32Scheme",

@@ -1,6 +1,7 @@
 """Element formats: fp8 (e4m3fn, e4m3fnuz, e5m2), E2M1 (fp4) and E8M0 (MX scales), encoded bit-exactly.
 
-Rounding is round-to-nearest-even everywhere. Overflow is never left to a cast: torch 2.13 saturates e4m3fn,
+fp8 rounds to nearest, ties to even. E2M1 rounds to nearest with the tie rule named by `E2M1Rounding` (ties to even,
+or ties away from zero as aiter's MXFP4 quantiser does). Overflow is never left to a cast: torch 2.13 saturates e4m3fn,
 returns NaN for e4m3fnuz and inf for e5m2, and older torch / ml_dtypes differ again. `encode_fp8` therefore
 clamps first and then, if the caller asked for non-saturating behaviour, writes the NaN/inf code itself.
 
@@ -10,6 +11,7 @@ independent check in the tests, next to `ml_dtypes`.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -32,6 +34,7 @@ __all__ = [
     "decode_fp8",
     "E2M1_VALUES",
     "E2M1_MAX",
+    "E2M1Rounding",
     "e2m1_encode",
     "e2m1_encode_naive",
     "e2m1_decode",
@@ -234,26 +237,63 @@ E2M1_MAX = 6.0
 _E2M1_MIDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 
 
-def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
-    """Round to E2M1 codes (uint8 in 0..15), RNE, saturating at ±6. NaN raises (E2M1 has no NaN)."""
+class E2M1Rounding(enum.Enum):
+    """How a value is rounded to E2M1 (element rounding; the MX *scale* rules are `mlalab.quant.mx.MxScaleRule`).
+
+    Both rules round to the nearest E2M1 value and saturate at ±6; they differ only at an exact tie, a magnitude of
+    0.25, 0.75, 1.25, 1.75, 2.5, 3.5 or 5:
+
+    * ``TIES_EVEN`` ("ties-even", IEEE 754 roundTiesToEven): the neighbour with the even code (mantissa bit 0).
+      Used by torchao's MX casts, ml_dtypes' ``float4_e2m1fn`` and NVIDIA's ``cvt.rn`` E2M1 conversions.
+    * ``TIES_AWAY`` ("ties-away", roundTiesToAway): the neighbour of larger magnitude. Used by aiter's
+      ``dynamic_mxfp4_quant`` (its Triton kernel adds one at the first dropped bit of the fp32 value and shifts).
+    """
+
+    TIES_EVEN = "ties-even"  # torchao, ml_dtypes, NVIDIA cvt.rn
+    TIES_AWAY = "ties-away"  # aiter dynamic_mxfp4_quant
+
+    @classmethod
+    def parse(cls, rounding: str | E2M1Rounding) -> E2M1Rounding:
+        """The member named `rounding` (its value, e.g. "ties-away"); a member is returned as is."""
+        if isinstance(rounding, E2M1Rounding):
+            return rounding
+        try:
+            return cls(rounding)
+        except ValueError:
+            valid = ", ".join(r.value for r in cls)
+            raise ValueError(f"unknown E2M1 rounding {rounding!r} for 'rounding'; valid: {valid}") from None
+
+
+def e2m1_encode(x: torch.Tensor, rounding: str | E2M1Rounding = E2M1Rounding.TIES_EVEN) -> torch.Tensor:
+    """Round to E2M1 codes (uint8 in 0..15; bit 3 is the sign, so -0 and negatives that round to 0 give 8),
+    nearest with `rounding`'s tie rule, saturating at ±6. NaN raises (E2M1 has no NaN)."""
+    r = E2M1Rounding.parse(rounding)
     check_tensor("x", x, dtypes=_FLOATS)
     xf = to_float32_exact_for_rounding(x)
     if bool(torch.isnan(xf).any()):
         raise ValueError("x contains NaN; E2M1 has no NaN encoding")
     a = xf.abs().clamp(max=E2M1_MAX)
-    code = torch.bucketize(a, _E2M1_MIDS, right=True)  # ties go up here...
-    tie = (code > 0) & (a == _E2M1_MIDS[(code - 1).clamp(min=0)])
-    code = torch.where(tie & (code % 2 == 1), code - 1, code)  # ...and back down when the upper code is odd
+    code = torch.bucketize(a, _E2M1_MIDS, right=True)  # ties go up (away from zero) here...
+    if r is E2M1Rounding.TIES_EVEN:
+        tie = (code > 0) & (a == _E2M1_MIDS[(code - 1).clamp(min=0)])
+        code = torch.where(tie & (code % 2 == 1), code - 1, code)  # ...and back down when the upper code is odd
     sign = (torch.signbit(xf)).to(torch.int64) << 3
     return (code | sign).to(torch.uint8)
 
 
-def e2m1_encode_naive(value: float) -> int:
-    """One value: nearest E2M1 magnitude, ties to the even code, saturating at 6."""
+def e2m1_encode_naive(value: float, rounding: str | E2M1Rounding = E2M1Rounding.TIES_EVEN) -> int:
+    """One value: the nearest E2M1 magnitude (saturating at 6); a tie goes to the even code or, for ties-away, to
+    the larger magnitude."""
+    r = E2M1Rounding.parse(rounding)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"value must be a float, got {type(value).__name__}")
     if math.isnan(value):
         raise ValueError("E2M1 has no NaN encoding")
     a = min(abs(value), E2M1_MAX)
-    code = min(range(8), key=lambda c: (abs(E2M1_VALUES[c] - a), c & 1))
+    if r is E2M1Rounding.TIES_EVEN:
+        code = min(range(8), key=lambda c: (abs(E2M1_VALUES[c] - a), c & 1))
+    else:
+        code = min(range(8), key=lambda c: (abs(E2M1_VALUES[c] - a), -c))
     return code | (8 if math.copysign(1.0, value) < 0 else 0)
 
 
@@ -297,17 +337,3 @@ def e8m0_to_float(codes: torch.Tensor) -> torch.Tensor:
     check_tensor("codes", codes, dtypes=(torch.uint8,))
     out = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32), codes.to(torch.int32) - 127)
     return torch.where(codes == E8M0_NAN, torch.full_like(out, math.nan), out)
-
-
-def main() -> None:
-    """Demo: the range of each fp8 flavour, and the overflow rule applied to 500."""
-    x = torch.tensor([500.0, 247.9, 248.0, -1e-3, 0.1])
-    for f in FP8_FORMATS.values():
-        sat = encode_fp8(x, f).float().tolist()
-        cast = encode_fp8(x, f, f.cast_overflow).float().tolist()
-        print(f"{f.name:>13}: max {f.max:g} min_normal {f.min_normal:g} saturate {sat} like-torch-cast {cast}")
-    print("E2M1", e2m1_decode(e2m1_encode(torch.tensor([0.25, 0.75, 1.25, 5.0, 7.0, -2.6]))).tolist())
-
-
-if __name__ == "__main__":
-    main()

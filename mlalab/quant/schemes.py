@@ -23,15 +23,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from ..checks import check_tensor
 from ..config import MLA
-from .formats import FP8_FORMATS, Fp8Format, Overflow, encode_fp8, get_fp8_format, tensor_amax
-from .mx import MxRule, mxfp4_fake_quant, nvfp4_fake_quant
+from .formats import E2M1Rounding, Fp8Format, Overflow, encode_fp8, get_fp8_format, tensor_amax
+from .mx import MxScaleRule, mxfp4_fake_quant, nvfp4_fake_quant
 
 __all__ = [
     "Granularity",
@@ -39,6 +39,7 @@ __all__ = [
     "Fp8Scheme",
     "FlashMLAV32Scheme",
     "MxFp4Scheme",
+    "MXFP4_RECIPES",
     "NvFp4Scheme",
     "QScheme",
     "KVScheme",
@@ -278,25 +279,40 @@ class FlashMLAV32Scheme:
 
 @dataclass(frozen=True)
 class MxFp4Scheme:
-    """MXFP4 KV: E2M1 elements, one E8M0 scale per 32 along the row (576 = 18 blocks). 306 B per token."""
+    """MXFP4 KV: E2M1 elements, one E8M0 scale per 32 along the row (576 = 18 blocks). 306 B per token.
 
-    rule: MxRule
-    name: str = field(default="")
+    `rule` picks each block's power-of-two scale, `rounding` how E2M1 ties are broken; `MXFP4_RECIPES` lists the
+    named combinations."""
+
+    name: str
+    rule: MxScaleRule
+    rounding: E2M1Rounding
 
     def __post_init__(self) -> None:
-        if not self.name:
-            object.__setattr__(
-                self,
-                "name",
-                {"even": "mxfp4-aiter", "floor": "mxfp4-ocp"}.get(self.rule.value, f"mxfp4-{self.rule.value}"),
-            )
+        if not isinstance(self.rule, MxScaleRule):
+            raise TypeError(f"rule must be an MxScaleRule, got {self.rule!r}")
+        if not isinstance(self.rounding, E2M1Rounding):
+            raise TypeError(f"rounding must be an E2M1Rounding, got {self.rounding!r}")
 
     @property
     def bytes_per_token(self) -> float:
         return D / 2 + D / 32
 
     def fake_quant(self, x: torch.Tensor) -> torch.Tensor:
-        return mxfp4_fake_quant(_check_x(x), self.rule)
+        return mxfp4_fake_quant(_check_x(x), self.rule, self.rounding)
+
+
+#: The MXFP4 KV schemes: name -> (scale rule, E2M1 rounding), each what one system computes.
+MXFP4_RECIPES: dict[str, tuple[MxScaleRule, E2M1Rounding]] = {
+    # aiter's dynamic_mxfp4_quant (what the GPU MODE problem quantises its KV with), bit for bit
+    "mxfp4-aiter": (MxScaleRule.EVEN, E2M1Rounding.TIES_AWAY),
+    # torchao to_mx(..., ScaleCalculationMode.EVEN): aiter's scales, E2M1 ties to even
+    "mxfp4-torchao-even": (MxScaleRule.EVEN, E2M1Rounding.TIES_EVEN),
+    # OCP MX v1.0 scale rule, as torchao's FLOOR mode computes it
+    "mxfp4-ocp": (MxScaleRule.FLOOR, E2M1Rounding.TIES_EVEN),
+    # NVIDIA's rule (torchao RCEIL)
+    "mxfp4-rceil": (MxScaleRule.RCEIL, E2M1Rounding.TIES_EVEN),
+}
 
 
 @dataclass(frozen=True)
@@ -336,9 +352,7 @@ KV_SCHEMES: tuple[str, ...] = (
     "fp8-block128",
     "fp8-static:<amax>",
     "fp8-flashmla-v32",
-    "mxfp4-aiter",
-    "mxfp4-ocp",
-    "mxfp4-rceil",
+    *MXFP4_RECIPES,
     "nvfp4",
 )
 
@@ -406,12 +420,8 @@ def get_kv_scheme(name: str, fp8_format: str = "e4m3fn") -> KVScheme:
         return Bf16Scheme()
     if n == "fp8-flashmla-v32":
         return FlashMLAV32Scheme(fmt)
-    if n == "mxfp4-aiter":
-        return MxFp4Scheme(MxRule.EVEN)
-    if n == "mxfp4-ocp":
-        return MxFp4Scheme(MxRule.FLOOR)
-    if n == "mxfp4-rceil":
-        return MxFp4Scheme(MxRule.RCEIL)
+    if n in MXFP4_RECIPES:
+        return MxFp4Scheme(n, *MXFP4_RECIPES[n])
     if n == "nvfp4":
         return NvFp4Scheme()
     if n in KV_SCHEMES or n.startswith("fp8-static:") or (n.startswith("fp8-block") and n[9:].isdigit()):
@@ -424,20 +434,3 @@ def get_kv_scheme(name: str, fp8_format: str = "e4m3fn") -> KVScheme:
 def concrete_names(names: tuple[str, ...]) -> tuple[str, ...]:
     """The names that need no parameter (drops the ``fp8-static:<amax>`` template)."""
     return tuple(n for n in names if "<" not in n)
-
-
-def main() -> None:
-    """Demo: every scheme on a small random q and kv, relative error and bytes per token."""
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(4, 16, D, generator=g).bfloat16() * 0.02
-    kv = torch.randn(64, 1, D, generator=g).bfloat16() * 0.02
-    for fmt in FP8_FORMATS:
-        for n in concrete_names(KV_SCHEMES):
-            s = get_kv_scheme(n, fmt)
-            err = (s.fake_quant(kv) - kv.float()).norm() / kv.float().norm()
-            print(f"{fmt:>13} KV {n:<20} rel err {float(err):.4f}  {s.bytes_per_token:6.1f} B/token")
-    print("Q fp8-direct e4m3fnuz stats:", get_q_scheme("fp8-direct", "e4m3fnuz").range_stats(q))
-
-
-if __name__ == "__main__":
-    main()

@@ -252,15 +252,3 @@ def accuracy_panel(
         w.observe(panel.update, names="value")
     panel.update()
     return panel
-
-
-def main() -> None:
-    """Demo: build the panel headless and print the time of the first update and its heatmap size."""
-    p = accuracy_panel()
-    print(f"first update {p.last_seconds:.2f} s; heatmap {len(p.heatmap.data[0].y)} Q × {len(p.heatmap.data[0].x)} KV")
-    p.tolerance.value = DEFAULT_TOLERANCES[1]
-    print(f"tolerance change {p.last_seconds:.2f} s; message: {p.message.value[:80]}")
-
-
-if __name__ == "__main__":
-    main()

@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 
 from ..config import GPU_TARGETS, DecodeCase
 from ..inputs import make_inputs, ragged_kv_lens
+from ..plan import PLANNERS, WorkPlan, emulate_plan, indptrs_for, make_plan
 from ..plots.splitkv import cu_load_figure, reduce_groups_figure, step_through_figure, work_map_figure
 from ..reference import decode_inputs_reference
-from ..splitkv import PLANNERS, WorkPlan, emulate_plan, indptrs_for, make_plan
 
 __all__ = ["SplitKVPanel", "split_kv_panel", "STEP_THROUGH_MAX_TOKENS"]
 
@@ -175,16 +175,3 @@ def split_kv_panel(
         w.observe(p.update_step if k in ("request", "head") else p.update, names="value")
     p.update()
     return p
-
-
-def main() -> None:
-    """Demo: build the panel headless and print its summary line."""
-    p = split_kv_panel()
-    print(p.summary.value)
-    print(p.figures["step"].layout.title.text)
-    p.controls["target"].value = "mi300x"
-    print(p.summary.value)
-
-
-if __name__ == "__main__":
-    main()

@@ -14,24 +14,23 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from ..config import COMPETITION_SHAPES
 from ..io import natural_key
-from ..plots.experiments import experiment_figure, experiment_geomeans, list_experiments, load_experiment, peer_name
-from ..plots.timeline import cta_timeline_figure, load_timelines, timeline_summary
-from ..plots.timing import (
+from ..plots.experiments import experiment_figure
+from ..plots.timeline import cta_timeline_figure
+from ..plots.timing import bandwidth_figure, bars_per_shape, plan_time_facts, plan_time_figures
+from ..records.ab import experiment_geomeans, list_experiments, load_experiment, peer_name
+from ..records.profiles import load_timelines, timeline_summary
+from ..records.timings import (
     RecordedView,
-    bandwidth_figure,
-    bars_per_shape,
     default_run,
     load_recorded,
     plan_of_record,
-    plan_time_facts,
-    plan_time_figures,
     record_for_shape,
     recorded_view,
     speedup_table,
     winners_table,
 )
-from ..timing import COMPETITION_SHAPES
 
 __all__ = [
     "TimingPanel",
@@ -268,7 +267,7 @@ def experiments_panel(name: str | None = None) -> ExperimentsPanel:
     name order."""
     names = list_experiments()
     if not names:
-        msg = "<i>no recorded experiments (data/profiles/*_ab_*.csv; record one with scripts/hopper_ab.py)</i>"
+        msg = "<i>no recorded experiments (data/ab/*.csv; record one with experiments/ab.py)</i>"
         return ExperimentsPanel(W.HTML(msg), W.Dropdown(), go.FigureWidget(), W.HTML(msg))
     name = names[-1] if name is None else name
     if name not in names:
@@ -284,8 +283,8 @@ def experiments_panel(name: str | None = None) -> ExperimentsPanel:
                        f"<td>{r.shapes}</td></tr>" for r in g.itertuples())  # fmt: skip
         head = "<tr><th>variant</th><th>µs</th><th>ratio</th><th>shapes</th></tr>"
         table.value = (f"<b>geomean over the shapes each ran</b> (µs; × {peer_name(df)} over the same shapes), "
-                       f"measured on the H200 in one process ({dd.value}; what each variant changes: data/README.md, "
-                       f"profiles/)<table>{head}{rows}</table>")  # fmt: skip
+                       f"measured on the H200 in one process ({dd.value}; what each variant changed and whether it "
+                       f"won: docs/journal.md)<table>{head}{rows}</table>")  # fmt: skip
 
     dd.observe(refresh, names="value")
     refresh()

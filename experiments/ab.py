@@ -1,0 +1,190 @@
+"""Question: is one kernel configuration faster than another, measured side by side with a peer in one process?
+
+A/B of our decode's configurations on the H200 (GPU only). First every variant is checked against the fp64 reference
+on the dequantised codes (ragged, long, empty and 150-request batches, two planners; rel-L2 <= 5e-3, |dLSE| <= 2e-3,
+every element written: outputs poisoned with NaN first). Then each variant and the peers are timed as `python -m
+mlalab bench` times (CUDA-graph replays of 20 calls over KV copies rotated past the L2) on the competition shapes.
+Prints one table; ``--out`` writes it (data/ab/ schema: B, L, a column of µs per peer and variant, floor, precision,
+provenance).
+
+Variants: a name of `VARIANTS` (the options a user can choose today), optionally ``@N`` for a plan of N slots (CTAs),
+optionally prefixed ``before:`` to run the same options on the code of another commit, given with ``--before DIR``
+(DIR holds that commit's package renamed ``mlalab_before``, e.g. for the tag before the redesign:
+``git archive experiments-2026-12 mlalab | tar -x -C DIR && mv DIR/mlalab DIR/mlalab_before``); the two codes share
+the process, the GPU and the inputs (the same seeded generator).
+
+    python experiments/ab.py --variants auto,portable --out /tmp/ab.csv
+    python experiments/ab.py --before .before --variants auto,before:auto --no-check   # same speed as the old code?
+    python experiments/ab.py --precision bf16 --variants auto,portable                 # FlashMLA bf16 beside
+    python experiments/ab.py --precision a16w8 --peers flashinfer --variants auto,portable
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import sys
+import time
+from typing import Any
+
+import torch
+
+from mlalab.backends import get_backend
+from mlalab.backends.triton import build_plan, make_callable
+from mlalab.config import COMPETITION_SHAPES, DecodeCase
+from mlalab.inputs import make_inputs, ragged_kv_lens
+from mlalab.io import write_rows_csv
+from mlalab.kernels import Decoder, KernelConfig, naive_decode, prepare
+from mlalab.timing import call_bytes, copy_bandwidth, kv_cache_bytes, provenance, rotation_copies, time_callable
+
+#: name -> the options of `mlalab.backends.triton.make_callable` it sets (plan options and `KernelConfig` knobs)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "auto": {},
+    "portable": {"kernel": "portable"},
+    "nopdl": {"pdl": False},
+    "pb128": {"plan_block": 128},
+    "pb256": {"plan_block": 256},
+}
+
+#: the options of `VARIANTS` as the code before the redesign named them (for ``before:`` variants)
+_BEFORE_NAMES = {"kernel": {"sm90": "hopper"}}
+
+
+def variant(name: str, sms: int) -> tuple[bool, int, dict[str, Any]]:
+    """``(before, plan slots, options)`` of a variant name (see the module docstring)."""
+    before, _, rest = name.rpartition(":")
+    if before not in ("", "before"):
+        raise SystemExit(f"unknown prefix {before!r} in {name!r}: only 'before:'")
+    base, _, slots = rest.partition("@")
+    if base not in VARIANTS:
+        raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots, before:)")
+    return before == "before", (int(slots) if slots else sms), dict(VARIANTS[base])
+
+
+def _before_module(name: str) -> Any:
+    try:
+        return importlib.import_module(f"mlalab_before.{name}")
+    except ImportError as e:
+        raise SystemExit(
+            f"a before: variant needs --before DIR holding the old package as mlalab_before: {e}"
+        ) from None
+
+
+def _callable(name: str, B: int, L: int, precision: str, n: int, sms: int) -> Any:
+    """``call(i)`` of variant `name` at B x L (its own inputs: the same seeded generator in either code)."""
+    before, slots, opts = variant(name, sms)
+    if not before:
+        x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
+        return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
+    old_inputs, old_config, old_triton = (_before_module(m) for m in ("inputs", "config", "backends.triton"))
+    x = old_inputs.make_inputs(old_config.DecodeCase.uniform(B, L)).to("cuda")
+    old = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
+    return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **old)[0]
+
+
+def check(name: str, sms: int, precision: str) -> bool:
+    before, slots, opts = variant(name, sms)
+    if before:  # (the old code is checked by its own tests at its commit; here it is only timed)
+        return True
+    block = opts.pop("plan_block", None)
+    ok = True
+    cases = [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40,
+             (8192,) * 4, (100,) * 150]  # fmt: skip
+    for lens in cases:
+        x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
+        p = prepare(x, precision)
+        ref, ref_lse = naive_decode(p)
+        live = ref.norm(dim=-1) > 0
+        for planner in ("simple", "balanced"):
+            knobs = {"block": block} if planner == "simple" and block else {}
+            try:
+                dec = Decoder(p, build_plan(x, planner, slots, **knobs), config=KernelConfig(**opts))
+                for rep in range(2):  # twice: a second call on the same decoder must give the same result
+                    for t in (dec.out, dec.lse, dec.part_o):
+                        t.fill_(float("nan"))
+                    out, lse = dec()
+                    o, lo = out.cpu().double(), lse.cpu().double()
+                    nan = bool(torch.isnan(o).any() or torch.isnan(lo).any())
+                    err = float((o[live] - ref[live]).norm() / ref[live].norm())
+                    dl = float((lo - ref_lse)[live.all(-1)].abs().max())
+                    dead = ~live.all(-1)
+                    dead_ok = bool(torch.isinf(lo[dead]).all() and (o[dead] == 0).all())
+                    if nan or err > 5e-3 or dl > 2e-3 or not dead_ok:
+                        print(f"FAIL {name} {planner} lens={str(lens)[:40]} rep={rep} nan={nan} err={err:.2e} "
+                              f"dlse={dl:.2e} dead_ok={dead_ok}", flush=True)  # fmt: skip
+                        ok = False
+            except Exception as e:  # noqa: BLE001 (a failing variant is reported, the others still run)
+                print(f"FAIL {name} {planner} lens={str(lens)[:40]}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                ok = False
+    print(f"check {name}: {'PASS' if ok else 'FAIL'}", flush=True)
+    return ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default="auto,portable")
+    ap.add_argument("--peers", default="flashmla", help="peer backends timed beside, comma-separated; 'none': none")
+    ap.add_argument("--shapes", default=None, help="e.g. 4x1024,128x8192 (default: the 12 competition shapes)")
+    ap.add_argument("--precision", default="a8w8", choices=("a8w8", "a16w8", "bf16"))
+    ap.add_argument("--before", default=None, help="a folder holding another commit's package as mlalab_before")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    names = [v for v in a.variants.split(",") if v]
+    shapes = COMPETITION_SHAPES if not a.shapes else [tuple(int(t) for t in s.split("x")) for s in a.shapes.split(",")]
+    shapes = sorted(shapes, key=lambda s: (s[1], s[0]))
+    for n in names:  # unknown names fail first, on any machine (the SM count only scales the plan slots)
+        variant(n, 1)
+    if a.before:
+        sys.path.insert(0, a.before)
+    if not torch.cuda.is_available():
+        raise SystemExit("ab.py needs a CUDA GPU (it times the kernels)")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    t0 = time.time()
+    good = {n: a.no_check or check(n, sms, a.precision) for n in names}
+    print(f"checks done in {time.time() - t0:.0f} s", flush=True)
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
+    rows = []
+    peers = [p for p in a.peers.split(",") if p and p != "none"]
+    for B, L in shapes:
+        n = rotation_copies(kv_cache_bytes(B, L, a.precision))
+        line: dict[str, Any] = {"B": B, "L": L}
+        for peer in peers:
+            try:
+                x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
+                call, _ = get_backend(peer).make_callable(x, precision=a.precision, n_copies=n)
+                line[peer] = time_callable(call, n)["us_median"]
+            except Exception as e:  # noqa: BLE001
+                print(f"{peer} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                line[peer] = float("nan")
+        for name in names:
+            try:
+                call = _callable(name, B, L, a.precision, n, sms)
+                call(0)
+                line[name] = time_callable(call, n)["us_median"]
+            except Exception as e:  # noqa: BLE001
+                print(f"{name} failed at {B}x{L}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                line[name] = float("nan")
+            torch.cuda.empty_cache()
+        line["floor"] = call_bytes(B, L, a.precision) / (bw * 1e12) * 1e6  # (the bench's floor_us)
+        rows.append(line)
+        print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in line.items()), flush=True)
+    cols = peers + names
+    print("\nshape      " + " ".join(f"{c:>12}" for c in cols) + "     floor")
+    for r in rows:
+        print(f"{r['B']:>4}x{r['L']:<5} " + " ".join(f"{r[c]:12.2f}" for c in cols) + f" {r['floor']:9.2f}")
+    geo = {c: math.exp(sum(math.log(r[c]) for r in rows) / len(rows)) for c in cols}
+    print("geomean    " + " ".join(f"{geo[c]:12.2f}" for c in cols))
+    for ref in cols:
+        print(f"vs {ref[:8]:<8}" + " ".join(f"{geo[c] / geo[ref]:12.3f}" for c in cols))
+    print("checks: " + ", ".join(f"{n}={'PASS' if good[n] else 'FAIL'}" for n in names))
+    if a.out and rows:
+        prov = provenance()  # device, versions, date in every row
+        write_rows_csv(a.out, [{**{k: r.get(k) for k in ("B", "L", *cols, "floor")}, "precision": a.precision, **prov}
+                               for r in rows])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""``python -m mlalab sm90-build``: compile the sm_90 kernels for Hopper on any machine and print what ptxas made of
+them (registers, local memory, shared memory, bank conflicts, the wgmma and memory instructions). No GPU needed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "sm90-build"
+HELP = "compile the sm_90 kernels for Hopper (no GPU needed) and print registers, spills, shared memory, SASS mix"
+ORDER = 70
+
+_PATHS = ("v-regs", "v-tile", "v-conv")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--paths", default=",".join(_PATHS), help="stage-1 paths: v-regs (a8w8), v-tile (bf16), v-conv "
+                   "(a16w8); default all")  # fmt: skip
+    p.add_argument("--paged", action="store_true", help="with the masked tiles of a paged cache")
+    p.add_argument("--reduce", default="2,8,16,64", help="max partials per request of the Gluon reduce builds")
+    p.add_argument("--json", action="store_true")
+
+
+def run(a: argparse.Namespace) -> int:
+    paths = [x for x in a.paths.split(",") if x]
+    bad = [x for x in paths if x not in _PATHS]
+    if bad:
+        raise ValueError(f"--paths: unknown {', '.join(bad)}; valid: {', '.join(_PATHS)}")
+    try:
+        counts = [int(x) for x in a.reduce.split(",") if x]
+    except ValueError:
+        raise ValueError(f"--reduce must be comma-separated ints, got {a.reduce!r}") from None
+    from ..kernels.sm90.host import import_error
+
+    reason = import_error()
+    if reason is not None:
+        raise RuntimeError(f"cannot compile the sm_90 kernels here: {reason}")
+    from ..kernels.sm90.build import compile_reduce, compile_stage1
+
+    reports = [(f"stage1 {p}{' paged' if a.paged else ''}", compile_stage1(p, mask_tail=a.paged)) for p in paths]
+    reports += [(f"reduce <= {n} partials", compile_reduce(n)) for n in counts]
+    rows = []
+    for name, r in reports:
+        top = dict(sorted(r.sass.items(), key=lambda kv: -kv[1])[:12])
+        rows.append({"kernel": name, "registers": r.registers, "local_bytes": r.stack_bytes,
+                     "shared_bytes": r.shared_bytes, "bank_conflicts": list(r.bank_conflicts),
+                     "top_sass": top})  # fmt: skip
+    if a.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        print(f"{row['kernel']}: {row['registers']} registers, {row['local_bytes']} B local, {row['shared_bytes']} B "
+              f"shared, V bank conflicts {row['bank_conflicts'] or '-'}")  # fmt: skip
+        print("   ", ", ".join(f"{k} {v}" for k, v in row["top_sass"].items()))
+    return 0

@@ -1,0 +1,192 @@
+"""Host side of the sm_90 stage 1: whether it can run these inputs (`unsupported`), the per-plan tables it reads (the
+tile stream, the CTA headers), the ring it runs per path, and its launch (`Sm90Stage1`).
+
+This module imports no Triton at load time (the tables and the refusals are computed on any machine); the kernel
+modules are imported when a launcher is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...config import MLA
+from ...quant.precision import Precision
+from ..prepare import PreparedInputs
+
+__all__ = ["PATHS", "RING", "FIRST_BURST", "INFO_COLS", "unsupported", "import_error", "tile_stream", "cta_info",
+           "first_burst", "Sm90Stage1"]  # fmt: skip
+
+#: The path each precision takes through stage 1 (`vpaths`): how V reaches the value product.
+PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v-conv"}
+
+#: The TMA ring of each path, in 64-token tiles: 3 fp8 tiles (36 KB each); 2 bf16 tiles (72 KB each, all that fits
+#: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile.
+RING = {"v-regs": 3, "v-tile": 2, "v-conv": 2}
+
+#: The ring tiles a CTA issues at its start when it streams more tiles than that and its ring is deeper; the rest
+#: follow once its first tile has arrived (`first_burst`).
+FIRST_BURST = 2
+
+#: Columns of `cta_info`'s table (the kernel's ``INFO_COLS``): 5 + the rows of the deepest ring's first tiles.
+INFO_COLS = 5 + max(RING.values())
+
+#: Tokens per tile (the kernel's ``BLOCK_N``).
+BLOCK_N = 64
+
+
+def import_error() -> str | None:
+    """Why the Gluon sm_90 kernel modules cannot be imported here (None when they can)."""
+    try:
+        from . import stage1  # noqa: F401
+    except Exception as e:  # a Triton without Gluon's Hopper API, or no Triton at all
+        return f"triton.experimental.gluon (Hopper) is unavailable: {type(e).__name__}: {e}"
+    return None
+
+
+def unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_exact: bool = False,
+                out_dtype: torch.dtype = torch.bfloat16, p_fp8: bool = True) -> str | None:  # fmt: skip
+    """Why the sm_90 kernel cannot run these inputs and plan (None when it can): first what the inputs ask for, then
+    what this machine lacks. `work_info`: the plan's works in tokens (`mlalab.kernels.decoder.token_work_info`); None
+    = before any plan exists, judging q rows per request from ``qo_indptr`` (planners never split a request's q rows).
+    The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask it."""
+    if prepared.spec.kv_fp8 and prepared.kv.dtype != torch.float8_e4m3fn:
+        return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
+    if pv_exact or out_dtype != torch.bfloat16:
+        return "production numerics only (bf16 output, fp8 or bf16 products): exact mode runs on the portable kernel"
+    if prepared.precision is Precision.A8W8 and not p_fp8:
+        return "P kept in fp16 (p_fp8=False): the sm_90 value product runs on fp8 operands; the portable kernel runs it"
+    if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != MLA.qk_dim:
+        return f"written for {MLA.num_heads} heads x {MLA.qk_dim} dims"
+    if not (prepared.contiguous and prepared.page_size == 1) and prepared.page_size % BLOCK_N:
+        return (f"tiles of {BLOCK_N} tokens must be contiguous rows: page size 1 with the identity page table, or a "
+                f"page size that is a multiple of {BLOCK_N} (got page size {prepared.page_size}, "
+                f"{'identity' if prepared.contiguous else 'permuted'} page table)")  # fmt: skip
+    if work_info is None:
+        q_rows = prepared.qo_indptr[1:] - prepared.qo_indptr[:-1]
+    else:
+        q_rows = work_info[:, 3] - work_info[:, 2]
+    if q_rows.numel() and int(q_rows.max()) > 1:
+        return "one q row per work (q_len 1); speculative decode (q_len > 1) runs on the portable kernel"
+    dev = prepared.q.device
+    if dev.type != "cuda" or torch.version.cuda is None:
+        return "needs an NVIDIA GPU"
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        return f"needs compute capability 9.0 (Hopper), this GPU has {torch.cuda.get_device_capability(dev)}"
+    return import_error()
+
+
+def tile_stream(prepared: PreparedInputs, work_indptr: torch.Tensor,
+                work_info: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(tile_indptr, tile_rows)`` int32 on the CPU: the sm_90 kernel's tile stream. CTA ``c`` consumes the 64-token
+    tiles of its works in order; ``tile_rows[t]`` is the KV row of tile t's first token (its position itself with the
+    identity page table, else through ``kv_indices``: tiles never cross a page because pages are multiples of 64
+    tokens and works start on page boundaries)."""
+    wi = work_info.to("cpu", torch.int64)
+    ks, ke = wi[:, 4], wi[:, 5]
+    counts = torch.clamp((ke - ks + BLOCK_N - 1) // BLOCK_N, min=0)
+    n = int(counts.sum())
+    owner = torch.repeat_interleave(torch.arange(wi.shape[0]), counts)
+    first = torch.cumsum(counts, 0) - counts
+    pos = ks[owner] + BLOCK_N * (torch.arange(n) - first[owner])
+    if prepared.contiguous and prepared.page_size == 1:
+        rows = pos
+    else:
+        ps = prepared.page_size
+        rows = prepared.kv_indices.to("cpu", torch.int64)[pos // ps] * ps + pos % ps
+    csum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
+    tile_indptr = csum[work_indptr.to("cpu", torch.int64)]
+    if rows.numel() and int(rows.max()) >= 2**31:
+        raise ValueError("KV rows beyond 2^31: TMA coordinates are int32")
+    return tile_indptr.to(torch.int32), rows.to(torch.int32)
+
+
+def cta_info(work_indptr: torch.Tensor, tile_indptr: torch.Tensor, tile_rows: torch.Tensor,
+             work_info: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``(n_cu, INFO_COLS)`` int32 on the CPU, one row per CTA, read in one round trip at its start: first work, end
+    work, first tile, end tile, the q row of its first work (0 if none), then the KV rows of its first tiles, as many
+    as the deepest ring holds (0 where absent)."""
+    wp = work_indptr.to("cpu", torch.int64)
+    tp = tile_indptr.to("cpu", torch.int64)
+    rows = tile_rows.to("cpu", torch.int64)
+    wi = work_info.to("cpu", torch.int64)
+    n_cu = wp.numel() - 1
+    info = torch.zeros((n_cu, INFO_COLS), dtype=torch.int64)
+    info[:, 0], info[:, 1], info[:, 2], info[:, 3] = wp[:-1], wp[1:], tp[:-1], tp[1:]
+    has_work = wp[:-1] < wp[1:]
+    if wi.numel():
+        info[has_work, 4] = wi[wp[:-1][has_work], 2]
+    for i in range(INFO_COLS - 5):
+        has = tp[:-1] + i < tp[1:]
+        info[has, 5 + i] = rows[tp[:-1][has] + i]
+    return info.to(torch.int32).contiguous()
+
+
+def first_burst(most_tiles: int, stages: int) -> int:
+    """The ring tiles issued at a CTA's start (the kernel's ``FIRST_BURST``; `stages` = all at once) for a plan whose
+    longest CTA tile stream is `most_tiles` tiles and a ring of `stages` tiles: `FIRST_BURST` when some CTA streams
+    more tiles than that and the ring is deeper, else the whole ring (the two would issue the same tiles, and the
+    kernel without the deferred branch is the shorter one)."""
+    if type(most_tiles) is not int or most_tiles < 0:
+        raise ValueError(f"most_tiles must be an int >= 0, got {most_tiles!r}")
+    if type(stages) is not int or stages < 1:
+        raise ValueError(f"stages must be an int >= 1, got {stages!r}")
+    return FIRST_BURST if stages > FIRST_BURST and most_tiles > FIRST_BURST else stages
+
+
+class Sm90Stage1:
+    """The sm_90 stage 1 for one plan: its tables on the device, its compile-time arguments, and a launch that
+    caches the TMA descriptors per (q, kv) buffer pair (e.g. per rotated KV copy)."""
+
+    def __init__(self, prepared: PreparedInputs, work_indptr: torch.Tensor, work_info: torch.Tensor, *,
+                 launch_dependents: bool) -> None:  # fmt: skip
+        from . import stage1
+
+        self.K = stage1
+        self.path = PATHS[prepared.precision]
+        self.stages = RING[self.path]
+        t_indptr, t_rows = tile_stream(prepared, work_indptr, work_info)
+        self.tiles_per_cta = t_indptr.diff()
+        most = int(self.tiles_per_cta.max()) if t_indptr.numel() > 1 else 0
+        dev = prepared.q.device
+        self.tile_rows = t_rows.to(dev)
+        self.cta_info = cta_info(work_indptr, t_indptr, t_rows, work_info).to(dev)
+        self.n_cu = int(work_indptr.numel() - 1)
+        self.p = prepared
+        self._descs: dict[tuple[int, int], tuple] = {}
+        self.kw: dict[str, Any] = dict(
+            H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=BLOCK_N,
+            NUM_STAGES=self.stages, MASK_TAIL=not (prepared.contiguous and prepared.page_size == 1),
+            LAUNCH_DEPENDENTS=launch_dependents, FIRST_BURST=first_burst(most, self.stages), REPORT=False,
+            num_warps=BLOCK_N // 16,
+        )  # fmt: skip
+
+    def descriptors(self, q: torch.Tensor, kv: torch.Tensor) -> tuple:
+        """The TMA descriptors of this (q, kv) pair: built once per buffer pair, then cached."""
+        p = self.p
+        if (q.dtype, q.shape, kv.dtype, kv.shape) != (p.q.dtype, p.q.shape, p.kv.dtype, p.kv.shape):
+            raise ValueError("q / kv must have the prepared tensors' dtype and shape (TMA descriptors are cached)")
+        if not (q.is_contiguous() and kv.is_contiguous()):
+            raise ValueError("q / kv must be contiguous (their TMA descriptors assume the prepared strides)")
+        key = (q.data_ptr(), kv.data_ptr())
+        descs = self._descs.get(key)
+        if descs is None:
+            if kv.shape[0] == 0:  # every request empty: no tile is read, but a TMA descriptor needs a non-empty box
+                kv = torch.zeros((BLOCK_N, kv.shape[-1]), dtype=kv.dtype, device=kv.device)
+                self._empty_kv = kv  # (kept alive with its descriptor)
+            descs = self.K.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads)
+            self._descs[key] = descs
+        return descs
+
+    def launch(self, q: torch.Tensor, kv: torch.Tensor, work_info: torch.Tensor, out: torch.Tensor,
+               lse: torch.Tensor, part_o: torch.Tensor, part_lse: torch.Tensor, sm_scale: float, *,
+               timeline: torch.Tensor | None = None, ablate: int = 0) -> None:  # fmt: skip
+        """One launch (no host synchronisation). `timeline`: an (n_cu, TIMELINE_COLS) int64 buffer to stamp;
+        `ablate`: skip the score wgmma (1) or both wgmmas (2) — outputs wrong, for timing experiments only."""
+        stamps = lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
+        self.K.stage1_kernel[(self.n_cu,)](
+            *self.descriptors(q, kv), self.cta_info, work_info, self.tile_rows, out, lse, part_o, part_lse,
+            self.p.q_scale, self.p.kv_scale, sm_scale, stamps, TIMELINE=timeline is not None, ABLATE=ablate,
+            **self.kw,
+        )  # fmt: skip

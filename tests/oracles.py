@@ -1,0 +1,90 @@
+"""Value oracles for the kernel tests, written independently of the library's kernels: what a decode must output
+given the numerics it claims, and the baselines a check must be able to tell from the answer."""
+
+from __future__ import annotations
+
+import torch
+
+from mlalab.kernels import PreparedInputs, token_work_info
+from mlalab.plan import WorkPlan
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """rel-L2 of `x` against `ref` (both moved to the CPU in float64)."""
+    x, ref = x.double().cpu(), ref.double().cpu()
+    return float((x - ref).norm() / ref.norm())
+
+
+def token_rows(p: PreparedInputs) -> list[torch.Tensor]:
+    """Per request, the KV rows (of ``p.kv``) of its tokens in order, through the page table."""
+    ind, kvp, ps = p.kv_indices.cpu().long(), p.kv_indptr.cpu().long(), p.page_size
+    last = p.kv_last_page_len.cpu().long()
+    out = []
+    for b in range(p.batch):
+        pages = ind[kvp[b] : kvp[b + 1]]
+        rows = (pages[:, None] * ps + torch.arange(ps)).flatten()
+        n = (len(pages) - 1) * ps + int(last[b]) if len(pages) else 0
+        out.append(rows[:n])
+    return out
+
+
+def mean_v(p: PreparedInputs) -> torch.Tensor:
+    """The output of a decode that ignores q: each request's mean V (dequantised), for every q row and head."""
+    kv = p.kv.cpu().double() * float(p.kv_scale.cpu()[0])
+    q_ind = p.qo_indptr.cpu().tolist()
+    out = torch.zeros(int(q_ind[-1]), 16, 512, dtype=torch.float64)
+    for b, rows in enumerate(token_rows(p)):
+        if len(rows):
+            out[q_ind[b] : q_ind[b + 1]] = kv[rows, :512].mean(0)
+    return out
+
+
+def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | None, block: int = 64,
+                 sm_scale: float = 576**-0.5) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The decode of `plan` as a tiled kernel computes it, in float64 but for one rounding: each work streams its
+    tokens in `block`-token tiles from its start with a running max (base 2); P = 2^(s - m) rounded to `p_dtype`
+    (None: not rounded) feeds the value product, the unrounded P the softmax sum; split works merge by their LSEs.
+    This is the specification of the production numerics (fp8 P for a8w8, bf16 P for the 16-bit paths)."""
+    q = p.q.cpu().double() * float(p.q_scale.cpu()[0])
+    kv = p.kv.cpu().double() * float(p.kv_scale.cpu()[0])
+    lens = torch.tensor([len(r) for r in token_rows(p)])
+    rows_of = token_rows(p)
+    wi = token_work_info(plan.to("cpu"), p.kv_indptr.cpu(), p.kv_last_page_len.cpu())
+    tok0 = p.kv_indptr.cpu().long()[:-1] * p.page_size  # token position of each request's first token
+    total_q = q.shape[0]
+    out = torch.zeros(total_q, 16, 512, dtype=torch.float64)
+    lse = torch.full((total_q, 16), float("-inf"), dtype=torch.float64)
+    parts: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    log2e = 1.4426950408889634
+    for w in range(wi.shape[0]):
+        b, loc, qs, qe, ks, ke = (int(v) for v in wi[w, :6])
+        kr = rows_of[b][ks - int(tok0[b]) : ke - int(tok0[b])]
+        assert len(kr) <= int(lens[b])
+        for i in range(qs, qe):
+            m = torch.full((16,), float("-inf"), dtype=torch.float64)
+            l = torch.zeros(16, dtype=torch.float64)
+            o = torch.zeros(16, 512, dtype=torch.float64)
+            for t0 in range(0, len(kr), block):
+                k = kv[kr[t0 : t0 + block]]
+                s = (q[i] @ k.T) * sm_scale * log2e  # (16, tokens), base 2
+                m_new = torch.maximum(m, s.max(1).values)
+                alpha = torch.exp2(m - m_new)
+                pr = torch.exp2(s - m_new[:, None])
+                pv = pr if p_dtype is None else pr.to(p_dtype).double()
+                o = o * alpha[:, None] + pv @ k[:, :512]
+                l = l * alpha + pr.sum(1)
+                m = m_new
+            has = l > 0
+            o_i = torch.where(has[:, None], o / torch.where(has, l, 1.0)[:, None], 0.0)
+            lse_i = torch.where(has, (m + torch.log2(torch.where(has, l, 1.0))) / log2e, float("-inf"))
+            if loc < 0:
+                out[i], lse[i] = o_i, lse_i
+            else:
+                parts.setdefault(i, []).append((o_i, lse_i))
+    for i, ps in parts.items():
+        L = torch.stack([x[1] for x in ps])
+        tot = torch.logsumexp(L, 0)
+        w_ = torch.exp(L - tot)
+        out[i] = (w_[:, :, None] * torch.stack([x[0] for x in ps])).sum(0)
+        lse[i] = tot
+    return out, lse

@@ -1,0 +1,496 @@
+"""The sm_90 kernels (`mlalab.kernels.sm90`): what they accept, how they are built, and on the GPU, that they compute
+the decode of the same quantised inputs with the numerics they claim.
+
+CPU (CI): the refusals, the per-plan tables (tile stream, CTA headers, first burst), the relabellings of the fp8
+path, and the kernels compiled for sm_90 in a subprocess (ptxas from Triton's wheel, no GPU) with this environment's
+Triton and the H200 machine's (3.6): the wgmma counts, no local memory, shared memory within 227 KB, V loads free of
+bank conflicts.
+
+GPU (``-m gpu``, on the H200): every path (a8w8: V in registers; bf16: V from the K tile; a16w8: converted tiles),
+every planner, ragged / long / empty / many-works batches and permuted 64-token pages with NaN in the unused slots,
+against `oracles.tiled_decode` (fp64 with the path's one rounding, P to fp8 or bf16) on competition inputs and on
+peaked ones (unit std, q x 3), where the mean of V and zeros are far off and each check asserts so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from oracles import mean_v, rel, tiled_decode
+
+from mlalab.config import DecodeCase
+from mlalab.inputs import make_inputs, ragged_kv_lens
+from mlalab.kernels import Decoder, KernelConfig, naive_decode, prepare, token_work_info
+from mlalab.kernels.sm90 import host
+from mlalab.plan import PLANNERS, make_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+NO_GLUON = host.import_error()
+
+#: each precision's path, and the dtype its P is rounded to before the value product
+PATHS = {"a8w8": ("v-regs", torch.float8_e4m3fn), "bf16": ("v-tile", torch.bfloat16),
+         "a16w8": ("v-conv", torch.bfloat16)}  # fmt: skip
+
+
+def test_refusals_name_the_reason() -> None:
+    x = make_inputs(DecodeCase(kv_lens=(100, 70)))
+    plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
+    wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+    for prec in ("a8w8", "a16w8", "bf16"):
+        assert "needs an NVIDIA GPU" in host.unsupported(prepare(x, prec), wi)  # this CPU tensor
+    assert "exact mode" in host.unsupported(prepare(x, "a8w8"), wi, pv_exact=True)
+    assert "exact mode" in host.unsupported(prepare(x, "bf16"), wi, out_dtype=torch.float32)
+    assert "e4m3fn" in host.unsupported(prepare(x, "a16w8", fp8_format="e4m3fnuz"), wi)
+    assert "p_fp8=False" in host.unsupported(prepare(x, "a8w8"), wi, p_fp8=False)
+    assert "needs an NVIDIA GPU" in host.unsupported(prepare(x, "bf16"), wi, p_fp8=False)  # (P is bf16 there)
+    paged = make_inputs(DecodeCase(kv_lens=(100, 70), page_size=16, permute_pages=True))
+    pplan = make_plan("simple", paged.qo_indptr, paged.kv_indptr, 4, page_size=16,
+                      kv_last_page_len=paged.kv_last_page_len)  # fmt: skip
+    pwi = token_work_info(pplan, paged.kv_indptr, paged.kv_last_page_len)
+    assert "multiple of 64" in host.unsupported(prepare(paged, "a8w8"), pwi)
+    spec = make_inputs(DecodeCase(kv_lens=(100, 70), q_len=2))
+    swi = token_work_info(make_plan("simple", spec.qo_indptr, spec.kv_indptr, 4), spec.kv_indptr, spec.kv_last_page_len)
+    assert "q_len 1" in host.unsupported(prepare(spec, "a8w8"), swi)
+    assert "q_len 1" in host.unsupported(prepare(spec, "a8w8"), None)  # before a plan exists: from qo_indptr
+    # asked for explicitly, a refusal is an error naming the reason; "auto" falls back to the portable kernel
+    with pytest.raises(ValueError, match="kernel='sm90' cannot run here: needs an NVIDIA GPU"):
+        Decoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="sm90"))
+    with pytest.raises(RuntimeError, match="needs a GPU"):  # (past every check: this CPU cannot launch it)
+        Decoder(prepare(x, "bf16"), plan)
+
+
+def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
+    # contiguous: tiles of 64 tokens from each work's start, rows = positions
+    x = make_inputs(DecodeCase(kv_lens=(130, 0, 64, 65)))
+    p = prepare(x, "a8w8")
+    plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 3)
+    wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+    t_indptr, rows = host.tile_stream(p, plan.work_indptr, wi)
+    want = []
+    for c in range(3):
+        got = rows[int(t_indptr[c]) : int(t_indptr[c + 1])].tolist()
+        mine = [s for w in range(int(plan.work_indptr[c]), int(plan.work_indptr[c + 1]))
+                for s in range(int(wi[w, 4]), int(wi[w, 5]), 64)]  # fmt: skip
+        assert got == mine
+        want += mine
+    assert int(t_indptr[-1]) == len(want) == 3 + 1 + 2  # 130 -> 3 tiles, 64 -> 1, 65 -> 2
+    # paged (64-token pages, permuted): a tile's row is its page's row
+    y = make_inputs(DecodeCase(kv_lens=(200, 64, 1), page_size=64, permute_pages=True, seed=3))
+    q = prepare(y, "a8w8")
+    assert not q.contiguous
+    pp = make_plan("balanced", y.qo_indptr, y.kv_indptr, 5, page_size=64, kv_last_page_len=y.kv_last_page_len,
+                   kv_granularity=1, overhead=0)  # fmt: skip
+    pwi = token_work_info(pp, y.kv_indptr, y.kv_last_page_len)
+    _, prow = host.tile_stream(q, pp.work_indptr, pwi)
+    pos = [s for w in range(pwi.shape[0]) for s in range(int(pwi[w, 4]), int(pwi[w, 5]), 64)]
+    assert prow.tolist() == [int(y.kv_indices[s // 64]) * 64 + s % 64 for s in pos]
+
+
+def test_cta_headers_and_the_first_burst_rule() -> None:
+    x = make_inputs(DecodeCase(kv_lens=(0, 130, 5, 4096)))
+    p = prepare(x, "a8w8")
+    plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 8, block=128)
+    wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+    ti, rows = host.tile_stream(p, plan.work_indptr, wi)
+    info = host.cta_info(plan.work_indptr, ti, rows, wi)
+    assert info.shape == (8, host.INFO_COLS) and info.dtype == torch.int32
+    for c in range(8):
+        w0, w1, t0, t1 = (int(v) for v in info[c, :4])
+        assert (w0, w1) == (int(plan.work_indptr[c]), int(plan.work_indptr[c + 1]))
+        assert (t0, t1) == (int(ti[c]), int(ti[c + 1]))
+        assert int(info[c, 4]) == (int(wi[w0, 2]) if w0 < w1 else 0)  # q row of its first work
+        for i in range(max(host.RING.values())):  # the rows of its first tiles, 0 where it has fewer
+            assert int(info[c, 5 + i]) == (int(rows[t0 + i]) if t0 + i < t1 else 0)
+    # 2 of a 3-tile ring at the start when some CTA streams more than 2 tiles; else (or a 2-tile ring) the whole ring
+    assert host.first_burst(3, 3) == 2 and host.first_burst(2, 3) == 3 and host.first_burst(100, 2) == 2
+    assert host.first_burst(0, 3) == 3
+    for bad in ((-1, 3), (3, 0), (2.0, 3), (3, True)):
+        with pytest.raises(ValueError):
+            host.first_burst(*bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
+def test_the_kernel_reads_the_header_the_host_writes() -> None:
+    from mlalab.kernels.sm90 import stage1
+
+    assert stage1.INFO_COLS.value == host.INFO_COLS and stage1.BLOCK_N == host.BLOCK_N
+
+
+def _by_bits(bits: tuple[int, ...], n: int) -> list[int]:
+    """Index i -> the index whose bit ``bits[j]`` is bit j of i."""
+    return [sum(((i >> j) & 1) << b for j, b in enumerate(bits)) for i in range(n)]
+
+
+@pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
+def test_partial_row_bits_match_the_epilogue_relabelling() -> None:
+    """The head-minor partial store puts accumulator row m at value dim d by a bit map (`VREGS_ROW_BITS`); the bf16
+    epilogue undoes the same row order π by a register relabelling (reshape + permute). Both must agree, or a split
+    request's partials land in the wrong dims."""
+    from mlalab.kernels.sm90 import epilogue as E
+
+    shape, perm = E.O_TO_NATURAL_64.value
+    m_of_d = torch.arange(512)[:, None].expand(512, 16).reshape(shape).permute(perm).reshape(512, 16)[:, 0]
+    d_of_m = torch.empty(512, dtype=torch.long)
+    d_of_m[m_of_d] = torch.arange(512)
+    assert sorted(E.VREGS_ROW_BITS.value) == list(range(9))
+    assert _by_bits(E.VREGS_ROW_BITS.value, 512) == d_of_m.tolist()
+    assert _by_bits(E.NATURAL_ROW_BITS.value, 512) == list(range(512))
+
+
+@pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
+def test_v_operand_and_p_relabellings_agree() -> None:
+    """The PV's A operand is V (tokens t, dims d) relabelled by reshape + permute (`_pv_operand`) so that row m holds
+    dim π(m) (the epilogue's `VREGS_ROW_BITS`) and column k token σ(k); Pᵀ's column k (`_p_operand`) must hold the
+    same token σ(k), or each value would be weighted by another token's probability."""
+    from mlalab.kernels.sm90 import epilogue as E
+    from mlalab.kernels.sm90 import vpaths as V
+
+    v = torch.arange(64 * 512).reshape(64, 512)  # element (t, d) = t·512 + d
+    shape, perm = V.V_TO_OPERAND_64.value
+    a = v.reshape(shape).permute(perm).reshape(512, 64)
+    pi = _by_bits(E.VREGS_ROW_BITS.value, 512)
+    sigma = (a[0] // 512).tolist()  # token of column k
+    assert sorted(sigma) == list(range(64))
+    assert a.tolist() == [[t * 512 + pi[m] for t in sigma] for m in range(512)]
+    inner, perm = V.P_TO_OPERAND.value
+    pt = torch.arange(64)[:, None].expand(64, 16).reshape(4, *inner, 16).permute(perm)
+    assert pt.reshape(64, 16).permute(1, 0)[0].tolist() == sigma
+
+
+@pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
+def test_gluon_reduce_launch_shape() -> None:
+    """All of a tile's partials in one block load up to 64 (further blocks beyond), 8 partial values per thread (in
+    registers up to 8 partials, then across 2 lanes and the warps), every program a whole number of dims."""
+    from mlalab.kernels.sm90.reduce import launch_shape
+
+    assert launch_shape(1) == launch_shape(2) == {"BLOCK_P": 2, "DPT": 4, "LP": 1, "num_warps": 1, "maxnreg": 255}
+    assert launch_shape(3) == launch_shape(4) == {"BLOCK_P": 4, "DPT": 2, "LP": 1, "num_warps": 1, "maxnreg": 255}
+    assert launch_shape(8) == {"BLOCK_P": 8, "DPT": 1, "LP": 1, "num_warps": 1, "maxnreg": 255}
+    assert launch_shape(9) == launch_shape(16) == {"BLOCK_P": 16, "DPT": 1, "LP": 2, "num_warps": 1, "maxnreg": 255}
+    assert launch_shape(33) == launch_shape(500) == {"BLOCK_P": 64, "DPT": 1, "LP": 2, "num_warps": 4, "maxnreg": 255}
+    for mp in (1, 3, 8, 9, 33, 64, 200):
+        s = launch_shape(mp)
+        assert s["BLOCK_P"] // (s["LP"] * s["num_warps"]) * s["DPT"] <= 8 and 512 % (s["DPT"] * 8 // s["LP"]) == 0
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="max_partials must be an int >= 1"):
+            launch_shape(bad)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------- compiled for sm_90
+def _compile_env(triton_copy: str) -> dict[str, str]:
+    """The environment of a compile subprocess: this one's Triton, or the H200 machine's copy (skips if absent)."""
+    env = dict(os.environ)
+    if triton_copy == "h200":
+        path = os.environ.get("MLALAB_TRITON_H200", "")
+        if not (path and os.path.isdir(os.path.join(path, "triton"))):
+            pytest.skip("no copy of Triton 3.6 (scripts/test.sh fetches it into $MLALAB_TRITON_H200; offline here?)")
+        env["PYTHONPATH"] = os.pathsep.join([path, ROOT, env.get("PYTHONPATH", "")])
+    return env
+
+
+def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
+    """Run a compile script in a subprocess; its stdout and the fields of its lines that start with ``R``."""
+    code = f"import sys; sys.path.insert(0, {ROOT!r})\nimport triton; print('V', triton.__version__)\n" + body
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200,
+                       env=_compile_env(triton_copy))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    if triton_copy == "h200":
+        assert "V 3.6." in r.stdout, r.stdout[:200]
+    return r.stdout, [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
+
+
+@pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
+@pytest.mark.parametrize("triton_copy", ["environment", "h200"])
+def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
+    """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
+    hooks): the path's wgmmas (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory but the
+    known spill of the fp8 path's paged tiles, within sm_90's 227 KB, the fp8 V load free of bank conflicts, one
+    8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
+    body = (
+        "from mlalab.kernels.sm90.build import compile_stage1\n"
+        "runs = [('v-regs', m, fb, tl, ab) for m in (False, True) for fb in (None, 2) for tl, ab in ((0, 0),)]\n"
+        "runs += [('v-regs', False, None, 1, 0), ('v-regs', False, 2, 0, 1), ('v-regs', False, 2, 0, 2)]\n"
+        "runs += [(p, m, None, 0, 0) for p in ('v-tile', 'v-conv') for m in (False, True)]\n"
+        "for path, mask, fb, tl, ab in runs:\n"
+        "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab)\n"
+        "    gmma = sum(n for k, n in r.sass.items() if 'GMMA' in k)\n"
+        "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
+        "    print('R', path, int(mask), fb or 0, tl, ab, r.registers, r.stack_bytes, local, r.shared_bytes,\n"
+        "          ','.join(map(str, r.bank_conflicts)) or '-', gmma, r.sass.get('STG.E.64', 0),\n"
+        "          r.sass.get('MUFU.LG2', 0))\n"
+    )
+    out, rows = _compile_rows(body, triton_copy)
+    assert len(rows) == 11, out
+    for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
+        assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
+        # known: the fp8 path with masked (paged) tiles spills 184-240 bytes (Triton 3.6 and 3.9): paged KV on the
+        # fp8 path is slower than it needs to be; the layouts work (MTP, any page table) owns it
+        spill_ok = (path, mask) == ("v-regs", "1")
+        assert (int(stack) == 0 and local == "0") or spill_ok, out
+        if path == "v-regs":
+            assert conflicts == "0", out  # the V load of the register operand
+            assert int(gmma) == {"0": 34, "1": 16, "2": 0}[ab], out  # ablations drop the products they name
+            if ab == "0":
+                assert int(stg64) >= 16, out  # the fp16 partial: one 8-byte vector of 4 heads per row
+        else:
+            assert int(gmma) == 68 and conflicts == "-", out
+        assert int(lg2) >= 4, out  # the LSE's log2 on the SFU (one per head column a thread holds)
+
+
+@pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
+@pytest.mark.parametrize("triton_copy", ["environment", "h200"])
+def test_reduces_compile_for_sm90_without_local_memory(triton_copy: str) -> None:
+    """The Gluon reduce at every launch shape on fp16 partials: no local memory and at most 40 shuffles per copy of
+    the block merge (4 copies: the peeled first block of row 0, further blocks, and the same for later rows); the
+    Triton reduce on fp32 head-minor partials (bf16 KV) without local memory."""
+    body = (
+        "from mlalab.kernels.sm90.build import compile_reduce, compile_triton_reduce\n"
+        "for mp in (1, 2, 3, 4, 8, 9, 16, 33, 64, 200):\n"
+        "    r = compile_reduce(mp)\n"
+        "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
+        "    print('R', 'gluon', mp, r.registers, r.stack_bytes, local, r.sass.get('SHFL', 0))\n"
+        "for mp in (2, 16, 40):\n"
+        "    r = compile_triton_reduce(mp)\n"
+        "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
+        "    print('R', 'triton', mp, r.registers, r.stack_bytes, local, 0)\n"
+    )
+    out, rows = _compile_rows(body, triton_copy)
+    assert len(rows) == 13, out
+    for _, kind, _mp, regs, stack, local, shfl in rows:
+        assert int(regs) <= 255 and stack == "0" and local == "0", out
+        assert kind == "triton" or int(shfl) <= 4 * 40, out
+
+
+@pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (dict(path="vt-smem"), ValueError, "path must be one of 'v-regs', 'v-tile', 'v-conv'"),
+        (dict(path="v-regs", first_burst=4), ValueError, "first_burst must be None .* or 1 to 3 on v-regs"),
+        (dict(path="v-tile", ablate=1), ValueError, "fp8 path only"),
+        (dict(path="v-regs", ablate=3), ValueError, "ablate must be 0"),
+        (dict(path="v-regs", mask_tail=1), TypeError, "mask_tail must be True or False"),
+    ],
+)
+def test_sm90_build_refuses_bad_options_before_compiling(options: dict, error: type, message: str) -> None:
+    from mlalab.kernels.sm90.build import compile_stage1
+
+    with pytest.raises(error, match=message):
+        compile_stage1(**options)
+
+
+# --------------------------------------------------------------------------------------------- GPU
+def _poisoned_run(dec: Decoder) -> tuple[torch.Tensor, torch.Tensor]:
+    dec.out.fill_(float("nan"))
+    dec.lse.fill_(float("nan"))
+    dec.part_o.fill_(float("nan"))
+    out, lse = dec()
+    torch.cuda.synchronize()
+    return out.clone(), lse.clone()
+
+
+def _peaked(x):  # noqa: ANN001, ANN202
+    """q x 3 on unit-std inputs: attention far from uniform."""
+    return dataclasses.replace(x, q=(x.q.float() * 3).to(x.q.dtype))
+
+
+def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: float = 0.0) -> float:  # noqa: ANN001
+    """Run the sm_90 decoder on `p` (outputs poisoned first) and compare with the tiled oracle of its path on the
+    same codes (`clean`: the same inputs without the NaN planted in unused page slots). Returns the rel-L2.
+
+    Tolerances: rel-L2 5e-3 and |dLSE| 2e-3, except where fp8 wgmma's accumulation (narrower than fp32) meets peaked
+    attention (a8w8 on unit-std inputs with q x 3: scores up to ~15, whose rounding the softmax amplifies; measured
+    0.5-0.6 % and 0.008 on the H200): 1e-2 for both; `lse_rtol` adds a relative part for huge LSEs."""
+    dec = Decoder(p, plan, config=config)
+    path, p_dtype = PATHS[p.precision.value]
+    assert dec.ran == f"sm90:{path}", dec.sm90_reason
+    out, lse = _poisoned_run(dec)
+    ref, ref_lse = tiled_decode(p if clean is None else clean, plan, p_dtype=p_dtype)
+    live = ref.norm(dim=-1) > 0
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()  # every element written
+    err = rel(out.cpu()[live], ref[live])
+    loose = peaked and p.precision.value == "a8w8"
+    tol, lse_tol = (1e-2, 1e-2) if loose else (5e-3, 2e-3)
+    rows = live.all(-1)
+    dl = float(((lse.cpu().double() - ref_lse)[rows].abs() - lse_rtol * ref_lse[rows].abs()).max()) if rows.any() else 0
+    assert err <= tol and dl <= lse_tol, (plan.planner, err, dl)
+    if peaked:  # the check can fail: the mean of V (and zeros) are far from the answer
+        assert rel(mean_v(p if clean is None else clean)[live], ref[live]) > 10 * tol
+    dead = ~live.all(-1)
+    assert torch.isinf(lse.cpu()[dead]).all() and (out.cpu()[dead] == 0).all()  # 0-token requests
+    return err
+
+
+_BATCHES = [  # (kv_lens, dist): ragged, uniform, long + tiny, empty, more works than slots
+    (tuple(ragged_kv_lens(9, 700, seed=3)), "unit"),
+    ((1024,) * 4, "competition"),
+    ((1, 64, 8192), "unit"),
+    ((0, 130, 5, 4096), "competition"),
+    ((1000,) * 40, "unit"),
+    ((100,) * 150, "competition"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("planner", list(PLANNERS))
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_every_path_every_planner_ragged_long_empty(planner: str, precision: str) -> None:
+    from mlalab.backends.triton import build_plan
+
+    for lens, dist in _BATCHES:
+        x = make_inputs(DecodeCase(kv_lens=lens, seed=4, dist=dist)).to("cuda")
+        x = _peaked(x) if dist == "unit" else x
+        _check(prepare(x, precision), build_plan(x, planner, 132), peaked=dist == "unit")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_many_works_per_cta(precision: str) -> None:
+    """Plans on a few slots: CTAs with 4-15 works, a first work without tiles followed by works with tiles, q buffers
+    reused more than once, the deferred ring fill across works."""
+    from mlalab.backends.triton import build_plan
+
+    for lens, planner, slots in [((0, 65, 128, 1, 190, 64, 0, 300, 129, 2), "balanced", 3),
+                                 ((0, 65, 128, 1, 190, 64, 0, 300, 129, 2), "simple", 3),
+                                 ((100,) * 40 + (1,) * 20, "balanced", 8)]:  # fmt: skip
+        x = _peaked(make_inputs(DecodeCase(kv_lens=lens, seed=7, dist="unit")).to("cuda"))
+        plan = build_plan(x, planner, slots)
+        assert int(plan.work_indptr.diff().max()) >= 4, (planner, slots)  # the point of the case
+        _check(prepare(x, precision), plan, peaked=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: str) -> None:
+    from mlalab.backends.triton import build_plan
+
+    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
+    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, page_size=64, permute_pages=True, seed=9, dist="unit")))
+    x = x.to("cuda")
+    p = prepare(x, precision)
+    assert not p.contiguous
+    clean = dataclasses.replace(p, kv=p.kv.clone())
+    # the unused slots of every last page hold NaN: the kernel must never let them reach the output
+    kv = p.kv.view(-1, 64, p.kv.shape[-1])
+    code_type, nan_code = (torch.uint8, 0x7F) if p.spec.kv_fp8 else (torch.int16, 0x7FC0)
+    pages = x.kv_indices.long()
+    for b in range(len(lens)):
+        s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
+        if e > s:
+            kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(code_type).fill_(nan_code)
+    assert torch.isnan(p.kv.float()).any()
+    knobs = {"block": 1} if planner == "simple" else {}
+    _check(p, build_plan(x, planner, 132, **knobs), clean, peaked=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_production_error_within_5pct_of_quantisation_error_and_close_to_portable(precision: str) -> None:
+    x = make_inputs(DecodeCase(kv_lens=ragged_kv_lens(16, 2048, seed=5), seed=6)).to("cuda")
+    p = prepare(x, precision)
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    out, _ = Decoder(p, plan, config=KernelConfig(kernel="sm90"))()
+    portable, _ = Decoder(p, plan, config=KernelConfig(kernel="portable"))()
+    emul, _ = naive_decode(p)
+    exact, _ = naive_decode(prepare(x, "bf16"))
+    quant_err = rel(emul.to(torch.bfloat16), exact)
+    assert rel(out, exact) <= 1.05 * quant_err + 1e-3 * (precision == "bf16")
+    assert rel(out, portable) <= 5e-3  # same numerics, different accumulation order
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_rotated_kv_copies_pdl_and_sm_scale(precision: str) -> None:
+    """Timing calls the decoder on KV copies: each copy gets its own TMA descriptors (a stale descriptor would read
+    the first copy). The reduce with or without the dependent launch gives the same output. A softmax scale other
+    than 1/sqrt(576) reaches the kernel."""
+    x = _peaked(make_inputs(DecodeCase(kv_lens=(3000, 17, 800), seed=12, dist="unit")).to("cuda"))
+    p = prepare(x, precision)
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    dec = Decoder(p, plan)
+    base = dec()[0].clone()
+    other = dataclasses.replace(x, kv_buffer=x.kv_buffer.flip(0).contiguous())
+    p2 = prepare(other, precision)
+    want = Decoder(p2, plan)()[0].clone()
+    if p2.spec.kv_fp8:  # the same scale, so the copy's codes are the other inputs' codes
+        assert torch.equal(p2.kv_scale, p.kv_scale)
+    got = dec(kv=p2.kv.clone())[0]
+    assert torch.equal(got, want) and not torch.equal(got, base)
+    assert torch.equal(dec(kv=p.kv.clone())[0], base)
+    assert torch.equal(Decoder(p, plan, config=KernelConfig(pdl=False))()[0], base)
+    scaled = Decoder(p, plan, sm_scale=0.02)
+    assert scaled.ran.startswith("sm90")
+    ref, _ = tiled_decode(p, plan, p_dtype=PATHS[precision][1], sm_scale=0.02)
+    assert rel(scaled()[0], ref) <= 5e-3 and rel(base, ref) > 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("precision", ["a8w8", "a16w8"])
+@pytest.mark.parametrize("amax", [1.0, 1e6])
+def test_gpu_fp16_partials_whatever_the_kv_scale(precision: str, amax: float) -> None:
+    """fp16 partials hold V in fp8 code units, so KV values up to 1e6 (partials far past fp16's 65504 if they carried
+    the scale) still decode, on a batch whose requests split into 2 to 33 partials."""
+    from mlalab.backends.triton import build_plan
+
+    x0 = make_inputs(DecodeCase(kv_lens=(*ragged_kv_lens(12, 3000, seed=11), 8192, 64), seed=12)).to("cuda")
+    x = dataclasses.replace(x0, kv_buffer=x0.kv_buffer * (amax / float(x0.kv_buffer.abs().max())))
+    p = prepare(x, precision)
+    plan = build_plan(x, "simple", 132)
+    assert int((plan.reduce_indptr.diff() >= 2).sum()) >= 2  # split requests go through the reduce
+    dec = Decoder(p, plan)
+    assert dec.part_o.dtype == torch.float16
+    out, _ = _poisoned_run(dec)
+    assert torch.isfinite(out).all() and float(out.abs().max()) > 0.1 * amax
+    _check(p, plan, lse_rtol=5e-3)  # (at amax 1e6 the scores, and the LSEs, reach ~1e4: fp32 rounding of those)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("precision", ["a16w8", "a8w8"])
+def test_gpu_subnormal_fp8_codes_decode_exactly(precision: str) -> None:
+    """KV values 2^-9 to 2^-6 times amax / 448 (one rope outlier sets amax) quantise to e4m3's subnormal codes: the
+    output, a mean of such V codes, must still match the oracle on the same codes (flushing them to zero, or decoding
+    them as normals, would miss it by ~100 %)."""
+    x = make_inputs(DecodeCase(kv_lens=(300, 700, 64), seed=21)).to("cuda")
+    kv = x.kv_buffer.view(-1, 576)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    u = torch.rand(kv.shape, device="cuda", generator=g) * (2**-6 - 2**-9) + 2**-9  # |code| in [2^-9, 2^-6]
+    kv.copy_((torch.where(torch.rand(kv.shape, device="cuda", generator=g) < 0.5, -u, u) / 448).to(kv.dtype))
+    kv[0, 520] = 1.0  # sets the per-tensor scale: amax / 448
+    p = prepare(x, precision)
+    codes = p.kv.view(torch.uint8)[:, :512] & 0x7F
+    assert ((codes > 0) & (codes < 8)).float().mean() > 0.5  # mostly subnormal V codes
+    _check(p, make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+def test_gpu_ablations_skip_the_compute_they_name() -> None:
+    """`Decoder.ablation` is a timing experiment: "qk" zeroes the scores (uniform softmax: each output is the mean of
+    its request's V), "qk+pv" also skips the PV (outputs 0); the decoder's own call is untouched."""
+    x = _peaked(make_inputs(DecodeCase(kv_lens=(700, 64, 1500), seed=13, dist="unit")).to("cuda"))
+    p = prepare(x, "a8w8")
+    plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
+    dec = Decoder(p, plan)
+    real = dec()[0].double().cpu()
+    no_qk = dec.ablation("qk")()[0].double().cpu()
+    assert rel(no_qk, mean_v(p)) <= 1e-2 and rel(real, mean_v(p)) > 0.1
+    assert torch.count_nonzero(dec.ablation("qk+pv")()[0]) == 0
+    assert torch.equal(dec()[0].double().cpu(), real)
+    with pytest.raises(ValueError, match="skip must be one of 'qk', 'qk\\+pv'"):
+        dec.ablation("pv")
+    with pytest.raises(ValueError, match="fp8 path"):
+        Decoder(prepare(x, "bf16"), plan).ablation("qk")
