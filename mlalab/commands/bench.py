@@ -20,7 +20,23 @@ def _csv_list(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", default="competition", help="competition (12 shapes) or smoke (2 shapes)")
+    p.add_argument(
+        "--suite",
+        default="competition",
+        help="competition (12 shapes), mixed-mla-2026 (8), layouts (q_len x layout), smoke (2 shapes)",
+    )
+    p.add_argument(
+        "--q-lens",
+        type=lambda t: tuple(int(v) for v in _csv_list(t)),
+        default=None,
+        help="keep only these q_lens of the suite's cases, e.g. 1,2",
+    )
+    p.add_argument(
+        "--layouts",
+        type=_csv_list,
+        default=None,
+        help="keep only these layouts (contiguous, paged64, paged16, tokens) of the suite's cases",
+    )
     p.add_argument("--backends", type=_csv_list, default=("triton", "flashmla", "flashinfer", "reference-torch"))
     p.add_argument("--precisions", type=_csv_list, default=ALL_PRECISIONS)
     p.add_argument("--planners", type=_csv_list, default=("simple",), help="triton planners (mlalab.plan.PLANNERS)")
@@ -93,6 +109,8 @@ def run(a: argparse.Namespace) -> int:
         calls_per_graph=a.calls,
         replays=a.replays,
         out=a.out,
+        q_lens=a.q_lens,
+        layouts=a.layouts,
     )
     check_suite_args(a.suite, **kw)  # every argument checked before anything is measured
     if not torch.cuda.is_available():
