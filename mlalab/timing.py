@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from .config import COMPETITION_SHAPES, MLA, DecodeCase
+from .config import COMPETITION_SHAPES, DecodeCase
 from .inputs import make_inputs
-from .quant.precision import PRECISIONS, get_precision
+from .quant.precision import CORE_PRECISIONS, PRECISIONS, get_precision
 from .records.schema import ACCURACY_PENDING, PROVENANCE_COLUMNS, TimingRecord, config_cell, write_csv
 from .traffic import decode_traffic
 
@@ -104,6 +104,8 @@ L2_BYTES = 60 * 1024 * 1024
 BACKENDS = ("triton", "flashmla", "flashinfer", "reference-torch", "aiter")
 #: Every precision of the precision table (`mlalab.quant.precision`).
 ALL_PRECISIONS = tuple(str(p) for p in PRECISIONS)
+#: What a suite times unless told otherwise: the sm_90 kernel's precisions (`CORE_PRECISIONS`).
+SUITE_PRECISIONS = tuple(str(p) for p in CORE_PRECISIONS)
 
 
 def gpu_info() -> dict[str, Any]:
@@ -230,8 +232,8 @@ def call_bytes(batch: int, kv_len: int, precision: str, q_len: int = 1) -> int:
 
 
 def kv_cache_bytes(batch: int, kv_len: int, precision: str) -> int:
-    """Bytes of one KV cache of B x L tokens at `precision` (576 elements per token): one rotated copy."""
-    return batch * kv_len * MLA.qk_dim * get_precision(precision).kv_bytes
+    """Bytes of one KV cache of B x L tokens at `precision` (block scales included): one rotated copy."""
+    return int(batch * kv_len * get_precision(precision).kv_token_bytes)
 
 
 def quantised_reference(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,7 +353,7 @@ def fill_accuracy_by_shape(pending: dict[tuple, list], log: Any = print, after_s
 def check_suite_args(
     suite: str = "competition",
     backends: tuple[str, ...] = ("triton",),
-    precisions: tuple[str, ...] = ALL_PRECISIONS,
+    precisions: tuple[str, ...] = SUITE_PRECISIONS,
     planners: tuple[str, ...] = ("simple",),
     triton_configs: tuple[dict, ...] = ({},),
     calls_per_graph: int = 20,
@@ -399,7 +401,7 @@ def check_suite_args(
 def run_suite(
     suite: str = "competition",
     backends: tuple[str, ...] = ("triton", "flashmla", "flashinfer", "reference-torch"),
-    precisions: tuple[str, ...] = ALL_PRECISIONS,
+    precisions: tuple[str, ...] = SUITE_PRECISIONS,
     planners: tuple[str, ...] = ("simple",),
     triton_configs: tuple[dict, ...] = ({},),
     shapes: list[tuple[int, int]] | None = None,

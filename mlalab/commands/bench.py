@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..timing import ALL_PRECISIONS
+from ..timing import SUITE_PRECISIONS
 
 NAME = "bench"
 HELP = "GPU timings (CUDA graphs, L2-rotated KV) of triton / flashmla / flashinfer / reference-torch; CSV"
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep only these layouts (contiguous, paged64, paged16, tokens) of the suite's cases",
     )
     p.add_argument("--backends", type=_csv_list, default=("triton", "flashmla", "flashinfer", "reference-torch"))
-    p.add_argument("--precisions", type=_csv_list, default=ALL_PRECISIONS)
+    p.add_argument("--precisions", type=_csv_list, default=SUITE_PRECISIONS)
     p.add_argument("--planners", type=_csv_list, default=("simple",), help="triton planners (mlalab.plan.PLANNERS)")
     p.add_argument(
         "--triton-configs",

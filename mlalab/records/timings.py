@@ -18,7 +18,7 @@ import pandas as pd
 from ..config import COMPETITION_SHAPES
 from ..io import natural_key
 from ..plan import WorkPlan, indptrs_for, make_plan
-from ..quant.precision import PRECISIONS
+from ..quant.precision import CORE_PRECISIONS
 from .schema import ACCURACY_PENDING, CSV_COLUMNS, DATA_ROOT, is_default_config, parse_config
 
 __all__ = ["TIMINGS_DIR", "DEFAULT_PLANNER", "load_recorded", "case_rows", "default_run", "RecordedView",
@@ -96,7 +96,7 @@ def default_run(df: pd.DataFrame) -> str:
     full = []
     for run, d in df.groupby("run", sort=True):
         d = _default_rows(d, None)
-        every_precision = all(_covers_suite(d[d["precision"] == p], "triton") for p in PRECISIONS)
+        every_precision = all(_covers_suite(d[d["precision"] == p], "triton") for p in CORE_PRECISIONS)
         if every_precision and any(_covers_suite(d, p) for p in _PEERS):
             full.append((str(d["date"].astype(str).max()) if "date" in d else "", natural_key(str(run)), str(run)))
     if not full:
