@@ -248,7 +248,8 @@ def quantised_reference(x: Any, precision: str, cache: dict) -> tuple[torch.Tens
     if precision not in cache:
         p = prepare(x, precision)
         q = p.q.float() * p.q_scale
-        kv = (p.kv.float() * p.kv_scale).view(x.kv_buffer.shape)
+        kv = p.kv_values() if p.spec.kv_fp4 else p.kv.float() * p.kv_scale
+        kv = kv.view(x.kv_buffer.shape)
         cache[precision] = decode_reference(q, kv, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len)[0]
     return cache["exact"], cache[precision]
 

@@ -145,3 +145,89 @@ def test_quantiser_refuses_bad_rows() -> None:
         quantize_kv_fp4(torch.full((2, 576), float("nan"), dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="recipe must be one of"):
         quantize_kv_fp4(torch.zeros((2, 576), dtype=torch.bfloat16), "fp4")
+
+
+# ------------------------------------------------------------------------------------------- decode with fp4 KV
+_FP4_PRECISIONS = ("a16w4-mxfp4", "a8w4-mxfp4", "a16w4-nvfp4", "a8w4-nvfp4")
+
+
+def test_prepare_writes_the_accuracy_schemes_bits() -> None:
+    """The fp4-KV precisions hold exactly what the accuracy study's KV schemes hold (`mlalab.quant`): the decode
+    timed and the error reported are of one format."""
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.kernels import prepare
+    from mlalab.quant import get_kv_scheme
+
+    x = make_inputs(DecodeCase(kv_lens=(40, 7), seed=1, dist="unit"))
+    rows = x.kv_buffer.reshape(-1, 576)
+    for prec, scheme in [("a16w4-mxfp4", "mxfp4-aiter"), ("a8w4-nvfp4", "nvfp4")]:
+        p = prepare(x, prec)
+        assert p.kv.shape == (rows.shape[0], 288) and p.kv.dtype == torch.uint8
+        assert torch.equal(p.kv_values(), get_kv_scheme(scheme).fake_quant(rows).float())
+    p = prepare(x, "a16w4-mxfp4", fp4_recipe="mxfp4-ocp")
+    assert p.kv_recipe == "mxfp4-ocp" and torch.equal(p.kv_values(), get_kv_scheme("mxfp4-ocp").fake_quant(rows))
+    assert not torch.equal(p.kv_values(), prepare(x, "a16w4-mxfp4").kv_values())  # the recipe matters here
+    with pytest.raises(ValueError, match="fp4_recipe for a16w4-nvfp4 must be one of nvfp4"):
+        prepare(x, "a16w4-nvfp4", fp4_recipe="mxfp4-aiter")
+    with pytest.raises(ValueError, match="fp4_recipe applies to the fp4-KV precisions, not a8w8"):
+        prepare(x, "a8w8", fp4_recipe="nvfp4")
+
+
+def test_sm90_refuses_fp4_and_names_the_portable_kernel() -> None:
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.kernels import prepare
+    from mlalab.kernels.sm90 import host
+
+    x = make_inputs(DecodeCase(kv_lens=(64,)))
+    assert "portable kernel" in host.unsupported(prepare(x, "a8w4-nvfp4"), None)
+
+
+def test_interpreter_decode_every_fp4_precision_exact_paged_empty_peaked() -> None:
+    """Stage 1 + reduce of the portable kernel on fp4 KV (codes decoded in registers) against the fp64 reference on
+    the same dequantised values: fp32 accumulation only (exact mode), ragged batch with an empty request, contiguous
+    and permuted pages, split requests, on peaked attention where the mean of V and zeros miss the tolerance."""
+    code = textwrap.dedent(
+        """
+        import dataclasses
+        from mlalab.config import DecodeCase
+        from mlalab.inputs import make_inputs
+        from mlalab.kernels import Decoder, naive_decode, prepare
+        from mlalab.plan import make_plan
+
+        def rel(x, ref, live):
+            return float((x.double() - ref)[live].norm() / ref[live].norm())
+
+        for prec in ("a16w4-mxfp4", "a8w4-mxfp4", "a16w4-nvfp4", "a8w4-nvfp4"):
+            for ps in (1, 4):
+                x = make_inputs(DecodeCase(kv_lens=(37, 130, 0, 21), seed=2, page_size=ps, permute_pages=ps > 1,
+                                           dist="unit"))
+                x = dataclasses.replace(x, q=(x.q.float() * 3).to(torch.bfloat16))
+                p = prepare(x, prec)
+                plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 5, block=16 // ps, page_size=ps,
+                                 kv_last_page_len=x.kv_last_page_len)
+                dec = Decoder(p, plan, out_dtype=torch.float32, pv_exact=True)
+                dec.out.fill_(float("nan"))
+                out, lse = dec()
+                ref, _ = naive_decode(p)
+                live = ref.norm(dim=-1) > 0
+                _, kv = p.dequantized()
+                mean_v = torch.zeros_like(ref)
+                toks = kv.reshape(-1, 576)
+                for b in range(p.batch):
+                    rows = torch.tensor([int(p.kv_indices[pg]) * ps + i for pg in range(int(p.kv_indptr[b]),
+                                         int(p.kv_indptr[b + 1])) for i in range(ps)])[: int(x.kv_lens[b])]
+                    if len(rows):
+                        mean_v[b] = toks[rows, :512].mean(0)
+                fails = rel(mean_v, ref, live) > 1e-5 and rel(torch.zeros_like(ref), ref, live) > 1e-5
+                split = int((plan.work_info[:, 1] >= 0).any())
+                print("FP4", prec, ps, rel(out, ref, live), int(fails), split, int(torch.isnan(out).any()))
+        """
+    )
+    out = _interp(code)
+    rows = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("FP4")]
+    assert len(rows) == 8, out
+    for prec, ps, e, fails, split, nan in rows:
+        assert float(e) <= 1e-5 and nan == "0", (prec, ps, out)
+        assert fails == "1" and split == "1", out

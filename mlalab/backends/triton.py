@@ -2,7 +2,8 @@
 Triton kernel elsewhere (and in Triton's CPU interpreter).
 
 Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16, `mlalab.quant.precision`), ``fp8_format``
-(e4m3fn | e4m3fnuz), ``planner`` (a name from `mlalab.plan.PLANNERS`; default "simple", the one-wave even split),
+(e4m3fn | e4m3fnuz), ``fp4_recipe`` (the fp4-KV precisions: an MXFP4 recipe of `mlalab.kernels.fp4.FP4_RECIPES`,
+default aiter's), ``planner`` (a name from `mlalab.plan.PLANNERS`; default "simple", the one-wave even split),
 ``num_cus`` (plan slots; default: the GPU's SM count, divided by q_len where the sm_90 kernel runs), ``plan_block``
 (the simple planner's ``block``: minimum work size in kv_indices positions; default `SIMPLE_PLAN_BLOCK` tokens in
 pages where the sm_90 kernel runs), ``plan`` (a ready WorkPlan),
@@ -63,6 +64,7 @@ def make_callable(
     *,
     precision: str = "a8w8",
     fp8_format: str = "e4m3fn",
+    fp4_recipe: str | None = None,
     planner: str = "simple",
     num_cus: int | None = None,
     plan_block: int | None = None,
@@ -93,7 +95,7 @@ def make_callable(
     reason = probe()
     if reason is not None:
         raise RuntimeError(f"triton backend unavailable: {reason}")
-    prep = prepare(inputs, precision, fp8_format)
+    prep = prepare(inputs, precision, fp8_format, fp4_recipe)
     # the plan options the caller gave (recorded with the timings)
     given = {**plan_knobs, **({"plan_block": plan_block} if plan_block is not None else {})}
     sm90 = cfg.kernel != "portable" and sm90_host.unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype,

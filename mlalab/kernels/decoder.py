@@ -216,14 +216,15 @@ class Decoder:
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
         p, K = self.p, self.portable
         gpu = {} if K.INTERPRET else {"num_warps": K.NUM_WARPS, "num_stages": K.NUM_STAGES}
+        scales = p.kv_scale if p.kv_scales is None else p.kv_scales.view(torch.uint8)
         K.stage1_kernel[(self.n_cu,)](
             q, kv, p.kv_indices, self.plan.work_indptr, self.work_info,
-            self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
-            q.stride(0), q.stride(1), kv.stride(0), self.out.stride(0), self.out.stride(1),
+            self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, scales, self.sm_scale,
+            q.stride(0), q.stride(1), kv.stride(0), scales.stride(0), self.out.stride(0), self.out.stride(1),
             H=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=K.block_n(self.pv_exact),
-            PAGE_SIZE=p.page_size,
-            QK_FP8=p.spec.q_fp8, KV_FP8=p.spec.kv_fp8, PV_EXACT=self.pv_exact, P_FP8=self.config.p_fp8,
-            CONTIGUOUS=p.contiguous, **gpu,
+            PAGE_SIZE=p.page_size, QK_FP8=p.spec.q_fp8 and p.spec.kv_fp8, KV_FP8=p.spec.kv_fp8,
+            PV_EXACT=self.pv_exact, P_FP8=self.config.p_fp8 and p.spec.q_fp8,
+            KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(p.spec.kv_format, 0), CONTIGUOUS=p.contiguous, **gpu,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------ measurement

@@ -22,6 +22,7 @@ bit (so -0 and negatives that round to 0 keep it).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,13 +33,17 @@ from ..checks import check_tensor
 from ..quant import MXFP4_RECIPES
 from ..quant.mx import MX_BLOCK, NVFP4_BLOCK, mxfp4_dequantize, nvfp4_dequantize
 
-__all__ = ["FP4_FORMATS", "FP4_RECIPES", "Fp4Cache", "quantize_kv_fp4"]
+__all__ = ["FP4_FORMATS", "FP4_RECIPES", "DEFAULT_RECIPES", "Fp4Cache", "quantize_kv_fp4", "to_fp4_cache"]
 
 #: Block size of each fp4 KV format.
 FP4_FORMATS = {"mxfp4": MX_BLOCK, "nvfp4": NVFP4_BLOCK}
 
 #: The recipes `quantize_kv_fp4` writes: every MXFP4 recipe of `mlalab.quant` and ``nvfp4``.
 FP4_RECIPES = (*MXFP4_RECIPES, "nvfp4")
+
+#: The recipe a precision's fp4 KV is written with unless told otherwise: aiter's MXFP4 (the GPU MODE 2026 problem's
+#: cache, bit for bit) and NVFP4's one recipe.
+DEFAULT_RECIPES = {"mxfp4": "mxfp4-aiter", "nvfp4": "nvfp4"}
 
 _DIM = 576  # values per token
 _RULES = {"floor": 0, "even": 1, "rceil": 2}
@@ -229,3 +234,21 @@ def quantize_kv_fp4(kv: torch.Tensor, recipe: str = "mxfp4-aiter") -> Fp4Cache:
             RULE=rule, TIES_AWAY=ties_away,
         )  # fmt: skip
     return Fp4Cache(codes, scales.view(torch.float8_e4m3fn) if nvfp4 else scales, g, recipe)
+
+
+def to_fp4_cache(kv: torch.Tensor, recipe: str = "mxfp4-aiter") -> Fp4Cache:
+    """`kv` rows ``(rows, 576)`` as an `Fp4Cache` of `recipe`, on `kv`'s device: the Triton quantiser on a GPU (and
+    under ``TRITON_INTERPRET=1``), `mlalab.quant.mx`'s on the CPU (the same bits)."""
+    from ..quant.mx import mxfp4_quantize, nvfp4_quantize
+
+    if kv.device.type != "cpu" or os.environ.get("TRITON_INTERPRET") == "1":
+        return quantize_kv_fp4(kv, recipe)
+    if recipe not in FP4_RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(FP4_RECIPES)}, got {recipe!r}")
+    check_tensor("kv", kv, ndim=2, dtypes=(torch.bfloat16, torch.float32))
+    if kv.shape[1] != _DIM:
+        raise ValueError(f"kv must have {_DIM} values per row (rows, 576), got {kv.shape[1]}")
+    if recipe == "nvfp4":
+        return Fp4Cache(*nvfp4_quantize(kv), recipe)
+    codes, scales = mxfp4_quantize(kv, *MXFP4_RECIPES[recipe])
+    return Fp4Cache(codes, scales, torch.ones(1), recipe)

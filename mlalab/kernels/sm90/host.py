@@ -52,6 +52,8 @@ def unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_
     None before any plan exists (no plan can make the inputs runnable or not today: any q rows per work run, as
     `row_passes`). The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask
     it."""
+    if prepared.spec.kv_fp4:
+        return f"{prepared.spec.kv_format} KV runs on the portable kernel (the sm_90 kernel has no fp4 path yet)"
     if prepared.spec.kv_fp8 and prepared.kv.dtype != torch.float8_e4m3fn:
         return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
     if pv_exact or out_dtype != torch.bfloat16:
