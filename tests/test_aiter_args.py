@@ -1,7 +1,8 @@
 """aiter backend: everything decided before the GPU, checked on the CPU with real values (no fake aiter).
 
-Expected numbers come from the research note (/work/shared/research/aiter_persistent_mla.md): the release
-table (§0.1), the buffer formulas and the seeds' worked sizes (§1), the hazards (§6, §8)."""
+Expected numbers come from docs/aiter.md: the release table ("Releases and signatures"), the buffer formulas and the
+seeds' worked sizes ("Buffer sizes"), the hazards ("Hazards and guards"). The contract with aiter's real sources is
+tests/test_aiter_contract.py."""
 
 from __future__ import annotations
 
@@ -19,9 +20,6 @@ from mlalab.backends.aiter_args import (
     abi_for_version,
     abi_from_signatures,
     arch_from_gcn_name,
-    check_fragments,
-    check_metadata_pointers,
-    check_request,
     check_signature,
     fp8_flavour_for_arch,
     fp8_torch_dtype,
@@ -35,6 +33,7 @@ from mlalab.backends.aiter_args import (
     stage1_kwargs,
     token_kv_indices,
 )
+from mlalab.backends.aiter_guards import check_fragments, check_metadata_pointers, check_request
 from mlalab.config import DecodeCase
 from mlalab.inputs import make_inputs
 from mlalab.reference import decode_reference
@@ -102,7 +101,7 @@ def test_causal_false_is_passed_where_stage1_has_it():
         kv_scale=None,
         causal=True,
     ):
-        """The 0.1.20 shape of the signature (research note §0.1): `causal` defaults to True."""
+        """The 0.1.20 shape of the signature: `causal` defaults to True."""
 
     def reduce_016(
         partial_output,
@@ -129,7 +128,7 @@ def test_undocumented_releases_are_refused(version, why):
 
 
 def test_parameter_counts_match_the_seeds_positional_calls():
-    """The seeds' stage 1 passes 19 positional args and their reduce 8: exactly the v0.1.11 ABI (§0.1)."""
+    """The seeds' stage 1 passes 19 positional args and their reduce 8: exactly the v0.1.11 ABI."""
     v011, v012, v016 = (abi_for_version(v) for v in ("0.1.11", "0.1.12", "0.1.16"))
     assert len(v011.stage1_params()) == 19 and len(v011.reduce_params()) == 8
     assert len(v012.stage1_params()) == 20 and v012.stage1_params().index("lse") == 17  # right after output
@@ -321,7 +320,7 @@ def test_fp8_flavour_from_architecture():
 
 @pytest.mark.parametrize("arch, cus", [("gfx942", 304), ("gfx950", 256)])
 def test_seed_case_buffer_sizes(arch, cus):
-    """§1 worked sizes for the seeds' call (intra-batch, num_kv_splits=32, H=16, Lq=1), B=4."""
+    """Worked sizes (docs/aiter.md, "Buffer sizes") of the seeds' call (intra-batch, 32 splits, H=16, Lq=1), B=4."""
     s = metadata_buffer_shapes(batch=4, q_len=1, num_cus=cus, settings=AiterSettings(), arch=arch)
     assert s["work_metadata"] == ((2,), torch.uint64)
     assert s["work_indptr"][0] == (cus + 1,)
@@ -424,7 +423,7 @@ def _works(ranges):
 
 
 def test_check_fragments():
-    # §2.7 example A on gfx950: 5 works of 4 x 208 + 192 tokens: all fine
+    # the seeds' case on gfx950 (docs/aiter.md, "Planners"): 5 works of 4 x 208 + 192 tokens: all fine
     ok = torch.tensor([[0, i, 0, 1, 208 * i, min(208 * (i + 1), 1024), 0, 0] for i in range(5)], dtype=torch.int32)
     check_fragments(ok, 5)
     bad = _works([(0, 100), (100, 103), (103, 200)])
