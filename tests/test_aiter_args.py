@@ -14,7 +14,6 @@ import torch
 
 from mlalab.backends import aiter as be
 from mlalab.backends.aiter_args import (
-    AiterAbi,
     AiterSettings,
     Mode,
     abi_for_version,
@@ -30,6 +29,7 @@ from mlalab.backends.aiter_args import (
     parse_version,
     partial_buffer_shapes,
     reduce_kwargs,
+    settings_for_precision,
     stage1_kwargs,
     token_kv_indices,
 )
@@ -42,7 +42,8 @@ from mlalab.reference import decode_reference
 
 
 def test_parse_version_orders_pre_and_post_releases():
-    order = ["0.1.10.post1", "0.1.10.post2", "0.1.11", "0.1.11.post1", "0.1.12.dev3+g1a2b", "0.1.12", "0.1.16.post2"]
+    order = ["0.1.7.post1", "0.1.7.post2.dev18", "0.1.7.post2", "0.1.10.post1", "0.1.10.post2", "0.1.11",
+             "0.1.11.post1", "0.1.12.dev3+g1a2b", "0.1.12", "0.1.16.post2"]  # fmt: skip
     parsed = [parse_version(v) for v in order]
     assert all(a < b for a, b in zip(parsed, parsed[1:]))
     assert parse_version("0.1.12.dev3+g1a2b").pre and not parse_version("0.1.12").pre
@@ -121,7 +122,10 @@ def test_causal_false_is_passed_where_stage1_has_it():
     assert abi_for_version("0.1.19").stage1_has_causal is False
 
 
-@pytest.mark.parametrize("version, why", [("0.1.9", "too old"), ("0.1.10.post1", "too old"), ("0.1.21", "newer")])
+@pytest.mark.parametrize(
+    "version, why", [("0.1.6", "not supported"), ("0.1.9", "not supported"), ("0.1.10.post1", "not supported"),
+                     ("0.1.7.post3", "not supported"), ("0.1.21", "newer")]
+)  # fmt: skip
 def test_undocumented_releases_are_refused(version, why):
     with pytest.raises(ValueError, match=why):
         abi_for_version(version)
@@ -261,6 +265,7 @@ def test_metadata_kwargs_always_pass_dtypes_and_a_positive_split_cap():
     t = torch.zeros(1, dtype=torch.int32)
     for mode, split in ((Mode.INTRA_BATCH, 32), (Mode.FAST, -1)):
         kw = metadata_kwargs(
+            abi_for_version("0.1.11"),
             settings=AiterSettings(mode=mode),
             qo_indptr=t,
             kv_indptr=t,
@@ -270,7 +275,7 @@ def test_metadata_kwargs_always_pass_dtypes_and_a_positive_split_cap():
             q_torch_dtype=torch.float8_e4m3fnuz,
             kv_torch_dtype=torch.float8_e4m3fnuz,
         )
-        assert set(kw) == set(AiterAbi.metadata_params())
+        assert set(kw) == set(abi_for_version("0.1.11").metadata_params())
         assert kw["dtype_q"] is torch.float8_e4m3fnuz and kw["dtype_kv"] is torch.float8_e4m3fnuz
         assert kw["max_split_per_batch"] == split and kw["uni_seqlen_qo"] == 2 and kw["page_size"] == 1
         assert kw["fast_mode"] is (mode is Mode.FAST) and kw["intra_batch_mode"] is (mode is Mode.INTRA_BATCH)
@@ -506,3 +511,40 @@ def test_decode_validates_options_before_loading():
     if be.probe() is not None:
         with pytest.raises(RuntimeError, match="aiter unavailable: "):
             be.decode(x)
+
+
+# ------------------------------------------------------------------------------------- the v0.1.7 window (PyPI wheel)
+
+
+def test_the_pypi_wheel_window():
+    from mlalab.backends.aiter_abi import WINDOWS, window_of
+
+    for v in ("0.1.7", "0.1.7.post1", "0.1.7.post2.dev18", "0.1.7.post2"):
+        assert window_of(v) == list(WINDOWS)[1] and abi_for_version(v).legacy
+    assert window_of("0.1.11") == list(WINDOWS)[0] and window_of("0.1.8") is None
+    legacy = abi_for_version("0.1.7.post2.dev18")
+    assert "page_size" not in legacy.stage1_params() and "work_metadata" in legacy.stage1_params()
+    assert "max_seqlen_q" not in legacy.reduce_params() and len(legacy.info_params()) == 7
+    assert "work_info" in legacy.metadata_params() and "dtype_q" not in legacy.metadata_params()
+    assert "fast mode only" in legacy.works() and "intra-batch" in abi_for_version("0.1.11").works()
+    t, bufs = torch.zeros(1), _buffers()
+    kw = metadata_kwargs(legacy, settings=AiterSettings(mode="fast"), qo_indptr=t, kv_indptr=t, kv_last_page_lens=t,
+                         buffers=bufs, q_len=1, q_torch_dtype=t.dtype, kv_torch_dtype=t.dtype)  # fmt: skip
+    # the stub's `work_indptr` slot is the binding's work_info_set (docs/aiter.md, "How a call reaches the kernel")
+    assert kw["work_indptr"] is bufs["work_info_set"] and kw["work_info"] is bufs["work_indptr"]
+    assert set(kw) == set(legacy.metadata_params())
+    with pytest.raises(ValueError, match="cannot run mode='intra-batch'.*no intra_batch_mode"):
+        metadata_kwargs(legacy, settings=AiterSettings(), qo_indptr=t, kv_indptr=t, kv_last_page_lens=t,
+                        buffers=_buffers(), q_len=1, q_torch_dtype=t.dtype, kv_torch_dtype=t.dtype)  # fmt: skip
+
+
+def test_precisions_come_from_the_precision_table():
+    from mlalab.quant.precision import PRECISIONS, get_precision
+
+    for p in PRECISIONS:
+        s = settings_for_precision(p.value)
+        spec = get_precision(p.value)
+        assert (s.q_dtype, s.kv_dtype) == (spec.q_format, spec.kv_format)
+    assert tuple(p.value for p in PRECISIONS) == be.PRECISIONS
+    with pytest.raises(ValueError, match="unknown precision"):
+        settings_for_precision("fp4")

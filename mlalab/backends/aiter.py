@@ -220,6 +220,7 @@ class AiterDecoder:
                 notes.append(f"{name}: aiter sized {tuple(buffers[name].shape)}, documented formula {ours[name][0]}")
         a.get_mla_metadata_v1(
             **metadata_kwargs(
+                rt.abi,
                 settings=s,
                 qo_indptr=qo_indptr,
                 kv_indptr=kv_indptr,
@@ -312,6 +313,7 @@ class AiterDecoder:
                     kv_scale=kv_scale,
                     accepts=accepts,
                     return_lse=return_lse,
+                    abi=rt.abi,
                 )
             )
             if return_lse and isinstance(lse, torch.Tensor):

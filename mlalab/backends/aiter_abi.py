@@ -25,6 +25,9 @@ __all__ = [
     "abi_from_signatures",
     "check_signature",
     "SUPPORTED_RANGE",
+    "LEGACY_RANGE",
+    "WINDOWS",
+    "window_of",
     "arch_from_gcn_name",
     "fp8_flavour_for_arch",
     "fp8_torch_dtype",
@@ -42,7 +45,8 @@ _VERSION_RE = re.compile(
 
 @dataclass(frozen=True)
 class AiterVersion:
-    """A parsed `amd-aiter` version. Ordering: pre-releases (dev/rc/a/b) sort before their release, posts after."""
+    """A parsed `amd-aiter` version. Ordering (as PEP 440): a pre-release (dev/rc/a/b) sorts before the release it
+    leads to, ``X.postN.devM`` between ``X.post(N-1)`` and ``X.postN``; posts after their release."""
 
     major: int
     minor: int
@@ -52,8 +56,8 @@ class AiterVersion:
     text: str = ""
 
     @property
-    def key(self) -> tuple[int, int, int, int]:
-        return (self.major, self.minor, self.patch, -1 if self.pre else self.post)
+    def key(self) -> tuple[int, int, int, int, int]:
+        return (self.major, self.minor, self.patch, self.post, -1 if self.pre else 0)
 
     def __lt__(self, other: object) -> bool:  # compare by release, not by the original text
         if not isinstance(other, AiterVersion):
@@ -84,12 +88,30 @@ def _v(text: str) -> AiterVersion:
     return parse_version(text)
 
 
-# The releases whose signatures were read (docs/aiter.md): v0.1.10.post2 (first with page_size/nhead_kv in stage 1 and
-# kv_last_page_lens/page_size in the metadata) up to the v0.1.20 series (the snapshot's HEAD).
+# The two windows of releases mlalab calls (docs/aiter.md, "Releases and signatures"), each [first, end):
+# v0.1.10.post2 (first with page_size/nhead_kv in stage 1 and kv_last_page_lens/page_size in the metadata) up to the
+# v0.1.20 series; and v0.1.7 ... v0.1.7.post2, the API of the wheel the package index serves (0.1.7.post2.dev18):
+# fast mode only, no page size, no dtypes, and the metadata's work_indptr / work_info stub order that differs from
+# its binding. Releases between the two (v0.1.7.post3 ... v0.1.10.post1) changed signatures one at a time: refused.
 SUPPORTED_RANGE: tuple[AiterVersion, AiterVersion] = (_v("0.1.10.post2"), _v("0.1.21.dev0"))
+LEGACY_RANGE: tuple[AiterVersion, AiterVersion] = (_v("0.1.7"), _v("0.1.7.post3.dev0"))
+WINDOWS = {
+    "0.1.10.post2 to 0.1.20.x": SUPPORTED_RANGE,
+    "0.1.7 to 0.1.7.post2 (the PyPI wheel)": LEGACY_RANGE,
+}
+
+
+def window_of(version: str | AiterVersion) -> str | None:
+    """The name of the supported window `version` falls in (a key of `WINDOWS`), or None."""
+    v = version if isinstance(version, AiterVersion) else parse_version(version)
+    for name, (lo, hi) in WINDOWS.items():
+        if lo <= v and v < hi:
+            return name
+    return None
+
 
 # Stage-1 keyword names (aiter/ops/attention.py), in the order of the v0.1.11 ABI (19 args, = the seeds).
-_STAGE1_HEAD = (
+_STAGE1_HEAD = (  # v0.1.10.post2 and later; the v0.1.7 window has no page_size / nhead_kv and says work_metadata
     "Q",
     "KV",
     "qo_indptr",
@@ -152,12 +174,16 @@ class AiterAbi:
 
     stage1_has_lse: stage 1 takes ``lse`` (the final LSE of unsplit works) — from v0.1.12.
     reduce_has_num_kv_splits: ``mla_reduce_v1`` takes ``num_kv_splits`` (sizes its scratch) — from v0.1.16.
-    info_has_max_split_per_batch: ``get_mla_metadata_info_v1`` takes ``max_split_per_batch`` (HEAD; the note
-        does not say which release added it, so it is only ever set from an inspected signature).
+    info_has_max_split_per_batch: ``get_mla_metadata_info_v1`` takes ``max_split_per_batch`` — from v0.1.16.
     stage1_has_causal: stage 1 takes ``causal`` — from v0.1.20, defaulting to True. mlalab's decode has no causal
         mask (every query token sees all of its request's KV), so we always pass ``causal=False``; otherwise q_len
         2–4 (speculative decode) would be masked by the kernel and disagree with the reference.
     source: "version" (from the release table) or "signature" (inspected from the installed aiter).
+    legacy: the v0.1.7 ... v0.1.7.post2 API (`LEGACY_RANGE`): stage 1 without ``page_size`` / ``nhead_kv`` and with
+        ``work_metadata`` for ``work_meta_data``; the reduce without ``max_seqlen_q``; the metadata without
+        ``kv_last_page_lens``, ``page_size``, ``max_split_per_batch``, ``intra_batch_mode`` and dtypes, its stub naming
+        ``work_indptr, work_info`` where the binding takes ``work_info_set, work_indptr``; the info call without
+        ``num_kv_splits`` / ``intra_batch_mode``. Fast mode only (`unsupported`).
     """
 
     version: str
@@ -166,26 +192,62 @@ class AiterAbi:
     info_has_max_split_per_batch: bool = False
     source: str = "version"
     stage1_has_causal: bool = False
+    legacy: bool = False
+
+    @property
+    def window(self) -> str:
+        return next(iter(WINDOWS)) if not self.legacy else list(WINDOWS)[1]
+
+    def unsupported(self) -> dict[str, str]:
+        """{what: why} for the backend's choices this release cannot run."""
+        if not self.legacy:
+            return {}
+        return {
+            "mode='intra-batch'": "no intra_batch_mode before v0.1.7.post5 (fast_mode=False runs the cost heap)",
+        }
+
+    def works(self) -> str:
+        """One line: what runs with this release."""
+        lse = "LSE of every row" if self.stage1_has_lse else "LSE of split rows only (stage 1 has no lse)"
+        modes = "fast mode only" if self.legacy else "intra-batch and fast modes"
+        return f"{modes}; a8w8, a16w8, bf16; q_len 1-4; {lse}"
 
     def stage1_params(self) -> tuple[str, ...]:
         """Stage-1 parameters we rely on, in signature order (extra, defaulted ones of later releases omitted)."""
+        head = _STAGE1_HEAD
+        if self.legacy:
+            head = tuple("work_metadata" if n == "work_meta_data" else n for n in head if n not in _LEGACY_STAGE1_NOT)
         return (
-            _STAGE1_HEAD
+            head
             + (("lse",) if self.stage1_has_lse else ())
             + ("q_scale", "kv_scale")
             + (("causal",) if self.stage1_has_causal else ())
         )
 
     def reduce_params(self) -> tuple[str, ...]:
-        mid = ("max_seqlen_q",) + (("num_kv_splits",) if self.reduce_has_num_kv_splits else ())
+        mid = (() if self.legacy else ("max_seqlen_q",)) + (("num_kv_splits",) if self.reduce_has_num_kv_splits else ())
         return _REDUCE_HEAD + mid + ("final_output", "final_lse")
 
-    @staticmethod
-    def metadata_params() -> tuple[str, ...]:
+    def metadata_params(self) -> tuple[str, ...]:
+        if self.legacy:
+            return tuple("work_info" if n == "work_info_set" else n for n in _METADATA if n not in _LEGACY_METADATA_NOT)
         return _METADATA
 
     def info_params(self) -> tuple[str, ...]:
+        if self.legacy:
+            return _INFO[:7]
         return _INFO + (("max_split_per_batch",) if self.info_has_max_split_per_batch else ())
+
+
+_LEGACY_STAGE1_NOT = ("page_size", "nhead_kv")
+_LEGACY_METADATA_NOT = (
+    "kv_last_page_lens",
+    "page_size",
+    "max_split_per_batch",
+    "intra_batch_mode",
+    "dtype_q",
+    "dtype_kv",
+)
 
 
 def abi_for_version(version: str | AiterVersion) -> AiterAbi:
@@ -193,11 +255,13 @@ def abi_for_version(version: str | AiterVersion) -> AiterAbi:
     (docs/aiter.md, "Releases and signatures")."""
     v = version if isinstance(version, AiterVersion) else parse_version(version)
     lo, hi = SUPPORTED_RANGE
+    if LEGACY_RANGE[0] <= v and v < LEGACY_RANGE[1]:
+        return AiterAbi(version=str(v), stage1_has_lse=False, reduce_has_num_kv_splits=False, legacy=True)
     if v < lo:
         raise ValueError(
-            f"aiter {v} is too old: releases before 0.1.10.post2 lack page_size/nhead_kv in mla_decode_stage1_asm_fwd "
-            f"and kv_last_page_lens/page_size in get_mla_metadata_v1. Supported: {lo} to the 0.1.20 series "
-            "(pip install -U amd-aiter)"
+            f"aiter {v} is not supported: mlalab calls 0.1.7 to 0.1.7.post2 (the PyPI wheel, fast mode only) and "
+            f"{lo} to the 0.1.20 series; the releases between changed their signatures one at a time. Build aiter "
+            "from source at a tag of the 0.1.1x series (docs/aiter.md, Install)"
         )
     if not v < hi:
         raise ValueError(
@@ -209,6 +273,7 @@ def abi_for_version(version: str | AiterVersion) -> AiterAbi:
         version=str(v),
         stage1_has_lse=not v < _v("0.1.12"),
         reduce_has_num_kv_splits=not v < _v("0.1.16"),
+        info_has_max_split_per_batch=not v < _v("0.1.16"),
         source="version",
         stage1_has_causal=not v < _v("0.1.20"),
     )
@@ -253,7 +318,8 @@ def abi_from_signatures(
     has_nks = "num_kv_splits" in reduce.parameters
     has_msp = info is not None and "max_split_per_batch" in info.parameters
     has_causal = "causal" in stage1.parameters
-    abi = AiterAbi(version, has_lse, has_nks, has_msp, source="signature", stage1_has_causal=has_causal)
+    legacy = "page_size" not in stage1.parameters
+    abi = AiterAbi(version, has_lse, has_nks, has_msp, "signature", has_causal, legacy)
     problems = check_signature("mla_decode_stage1_asm_fwd", stage1, abi.stage1_params())
     problems += check_signature("mla_reduce_v1", reduce, abi.reduce_params())
     if info is not None:

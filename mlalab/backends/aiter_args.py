@@ -54,6 +54,7 @@ __all__ = [
     "fp8_torch_dtype",
     "metadata_buffer_shapes",
     "partial_buffer_shapes",
+    "check_release",
     "info_kwargs",
     "metadata_kwargs",
     "stage1_kwargs",
@@ -263,6 +264,18 @@ def partial_buffer_shapes(
 # --------------------------------------------------------------------------------------------------------------
 
 
+def check_release(abi: AiterAbi, settings: AiterSettings) -> None:
+    """Refuse settings the release cannot run, with the reason (`AiterAbi.unsupported`)."""
+    if not isinstance(abi, AiterAbi):
+        raise TypeError(f"abi must be an AiterAbi, got {type(abi).__name__}")
+    why = abi.unsupported().get("mode='intra-batch'")
+    if settings.intra_batch_mode and why is not None:
+        raise ValueError(
+            f"aiter {abi.version} cannot run mode='intra-batch': {why}; use "
+            "mode='fast', or aiter 0.1.10.post2 or later built from source (docs/aiter.md, Install)"
+        )
+
+
 def info_kwargs(
     abi: AiterAbi,
     *,
@@ -276,6 +289,7 @@ def info_kwargs(
     """Keywords for `get_mla_metadata_info_v1` (pure Python in aiter; returns six (shape, dtype) pairs)."""
     if batch < 1 or q_len < 1:
         raise ValueError(f"batch and q_len must be >= 1, got {batch}, {q_len}")
+    check_release(abi, settings)
     kw: dict[str, Any] = {
         "batch_size": batch,
         "max_seqlen_qo": q_len,
@@ -284,15 +298,16 @@ def info_kwargs(
         "kv_dtype": kv_torch_dtype,
         "is_sparse": False,
         "fast_mode": settings.fast_mode,
-        "num_kv_splits": settings.num_kv_splits,
-        "intra_batch_mode": settings.intra_batch_mode,
     }
+    if not abi.legacy:
+        kw.update(num_kv_splits=settings.num_kv_splits, intra_batch_mode=settings.intra_batch_mode)
     if abi.info_has_max_split_per_batch:
         kw["max_split_per_batch"] = settings.split_arg
     return kw
 
 
 def metadata_kwargs(
+    abi: AiterAbi,
     *,
     settings: AiterSettings,
     qo_indptr: Any,
@@ -305,7 +320,13 @@ def metadata_kwargs(
     num_heads: int = MLA.num_heads,
     num_kv_heads: int = MLA.num_kv_heads,
 ) -> dict[str, Any]:
-    """Keywords for `get_mla_metadata_v1` (page size 1; dtypes always passed — vLLM #46997)."""
+    """Keywords for `get_mla_metadata_v1` (page size 1; dtypes passed wherever the release takes them — vLLM #46997).
+
+    In the v0.1.7 window (`AiterAbi.legacy`) the stub names ``work_indptr, work_info`` but forwards its arguments by
+    position to a binding that takes ``work_info_set, work_indptr`` (docs/aiter.md, "How a call reaches the
+    kernel"): the work-info buffer is passed as ``work_indptr`` and the indptr as ``work_info`` so that each reaches
+    the C++ parameter of its meaning."""
+    check_release(abi, settings)
     for name in ("work_metadata", "work_info_set", "work_indptr", "reduce_indptr", "reduce_final_map"):
         if name not in buffers:
             raise ValueError(f"buffers is missing {name!r}")
@@ -313,7 +334,7 @@ def metadata_kwargs(
         raise ValueError("buffers is missing 'reduce_partial_map'")
     if q_len < 1:
         raise ValueError(f"q_len must be >= 1, got {q_len}")
-    return {
+    kw = {
         "seqlens_qo_indptr": qo_indptr,
         "seqlens_kv_indptr": kv_indptr,
         "kv_last_page_lens": kv_last_page_lens,
@@ -337,6 +358,19 @@ def metadata_kwargs(
         "dtype_q": q_torch_dtype,
         "dtype_kv": kv_torch_dtype,
     }
+    if abi.legacy:
+        for name in (
+            "kv_last_page_lens",
+            "page_size",
+            "max_split_per_batch",
+            "intra_batch_mode",
+            "dtype_q",
+            "dtype_kv",
+        ):
+            del kw[name]  # fast mode's -1 (all CUs) is the default of the wheel that has max_split_per_batch
+        kw["work_indptr"], kw["work_info"] = buffers["work_info_set"], buffers["work_indptr"]
+        del kw["work_info_set"]
+    return kw
 
 
 def stage1_kwargs(
@@ -385,6 +419,9 @@ def stage1_kwargs(
         "q_scale": q_scale,
         "kv_scale": kv_scale,
     }
+    if abi.legacy:
+        del kw["page_size"], kw["nhead_kv"]
+        kw["work_metadata"] = kw.pop("work_meta_data")
     if abi.stage1_has_lse:
         kw["lse"] = final_lse
     if abi.stage1_has_causal:
@@ -415,6 +452,8 @@ def reduce_kwargs(
         "final_output": out,
         "final_lse": final_lse,
     }
+    if abi.legacy:
+        del kw["max_seqlen_q"]  # the v0.1.7 reduce reads each tile's rows from reduce_final_map
     if abi.reduce_has_num_kv_splits:
         kw["num_kv_splits"] = int(num_kv_splits)
     return kw
@@ -438,6 +477,7 @@ def mla_decode_fwd_kwargs(
     kv_scale: Any | None,
     accepts: Iterable[str] = (),
     return_lse: bool = False,
+    abi: AiterAbi | None = None,
 ) -> dict[str, Any]:
     """Keywords for aiter's one-call `mla_decode_fwd` (persistent branch: `work_meta_data` given). Passing
     `num_kv_splits` explicitly keeps HEAD from falling back to non-persistent for gfx950 bf16 B >= 32.
@@ -467,6 +507,8 @@ def mla_decode_fwd_kwargs(
         "kv_scale": kv_scale,
         "intra_batch_mode": settings.intra_batch_mode,
     }
+    if abi is not None and abi.legacy:
+        del kw["page_size"], kw["nhead_kv"], kw["intra_batch_mode"]  # the v0.1.7 mla_decode_fwd has none of them
     accepted = set(accepts)
     if return_lse and "return_lse" in accepted:
         kw["return_lse"] = True

@@ -138,7 +138,7 @@ def _load_uncached() -> AiterRuntime:
                 sigs["mla_reduce_v1"],
                 sigs["get_mla_metadata_info_v1"],
             )
-            problems = check_signature("get_mla_metadata_v1", sigs["get_mla_metadata_v1"], AiterAbi.metadata_params())  # type: ignore[arg-type]
+            problems = check_signature("get_mla_metadata_v1", sigs["get_mla_metadata_v1"], sig_abi.metadata_params())  # type: ignore[arg-type]
             if problems:
                 raise ValueError("; ".join(problems))
         except ValueError as e:
@@ -147,8 +147,8 @@ def _load_uncached() -> AiterRuntime:
             version_abi is not None
             and not version.pre
             and (
-                (sig_abi.stage1_has_lse, sig_abi.reduce_has_num_kv_splits)
-                != (version_abi.stage1_has_lse, version_abi.reduce_has_num_kv_splits)
+                (sig_abi.stage1_has_lse, sig_abi.reduce_has_num_kv_splits, sig_abi.legacy)
+                != (version_abi.stage1_has_lse, version_abi.reduce_has_num_kv_splits, version_abi.legacy)
             )
         ):
             raise RuntimeError(
@@ -163,7 +163,7 @@ def _load_uncached() -> AiterRuntime:
             "mla_decode_stage1_asm_fwd": version_abi.stage1_params(),
             "mla_reduce_v1": version_abi.reduce_params(),
             "get_mla_metadata_info_v1": version_abi.info_params(),
-            "get_mla_metadata_v1": AiterAbi.metadata_params(),
+            "get_mla_metadata_v1": version_abi.metadata_params(),
         }
         problems = []
         for n, sig in sigs.items():
