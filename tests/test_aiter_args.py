@@ -493,11 +493,29 @@ def test_probe_reports_a_reason_and_is_cached():
     assert be.probe() == reason
     assert time.perf_counter() - t0 < 0.05
     status = available()["aiter"]
+    detail = be.describe()
+    tail = f" [{detail}]" if detail else ""
     if reason is None:
-        assert status == "available"
+        assert status == "available" + tail
     else:
         assert isinstance(reason, str) and reason
-        assert status == f"unavailable: {reason}"
+        assert status == f"unavailable: {reason}{tail}"
+
+
+def test_describe_names_version_window_and_what_works(monkeypatch):
+    from mlalab.backends import aiter_runtime
+
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: "0.1.7.post2.dev18")
+    assert aiter_runtime.describe() == (
+        "aiter 0.1.7.post2.dev18 installed, window 0.1.7 to 0.1.7.post2 (the PyPI wheel): fast mode only; a8w8, "
+        "a16w8, bf16; q_len 1-4; LSE of split rows only (stage 1 has no lse)"
+    )
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: "0.1.16.post2")
+    assert aiter_runtime.describe().startswith("aiter 0.1.16.post2 installed, window 0.1.10.post2 to 0.1.20.x: intra")
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: "0.1.9")
+    assert "outside the supported windows" in aiter_runtime.describe()
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: None)
+    assert aiter_runtime.describe() is None
 
 
 def test_decode_validates_options_before_loading():
@@ -548,3 +566,15 @@ def test_precisions_come_from_the_precision_table():
     assert tuple(p.value for p in PRECISIONS) == be.PRECISIONS
     with pytest.raises(ValueError, match="unknown precision"):
         settings_for_precision("fp4")
+
+
+def test_backends_command_says_which_aiter_and_what_works(monkeypatch, capsys):
+    import argparse
+
+    from mlalab.backends import aiter_runtime
+    from mlalab.commands import backends
+
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: "0.1.7.post2.dev18")
+    assert backends.run(argparse.Namespace(json=False)) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("aiter"))
+    assert "[aiter 0.1.7.post2.dev18 installed, window 0.1.7 to 0.1.7.post2 (the PyPI wheel): fast mode only" in line

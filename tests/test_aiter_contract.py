@@ -216,3 +216,11 @@ def test_refused_releases_would_not_bind() -> None:
     """The releases between the windows are refused for a reason: the nearest window's calls do not bind there."""
     for tag, like in (("v0.1.7.post4", "0.1.7.post2"), ("v0.1.10.post1", "0.1.10.post2")):
         assert contract_problems(SNAPSHOTS[tag]["functions"], abi_for_version(like)), tag
+
+
+def test_the_wheel_has_the_signatures_of_its_tags(wheel: Path) -> None:
+    """The wheel's five functions are those of v0.1.7.post2, plus a defaulted max_split_per_batch in the metadata."""
+    ours, tag = wheel_signatures(wheel), SNAPSHOTS["v0.1.7.post2"]["functions"]
+    assert {f for f in ours if ours[f] != tag[f]} == {"get_mla_metadata_v1"}
+    extra = [p for p in ours["get_mla_metadata_v1"]["params"] if p not in tag["get_mla_metadata_v1"]["params"]]
+    assert extra == [["max_split_per_batch", "pos", "-1"]]

@@ -48,7 +48,7 @@ from .aiter_args import (
 )
 from .aiter_guards import check_fragments, check_metadata_pointers, check_request
 from .aiter_plan import compare_plans, plan_from_aiter_buffers
-from .aiter_runtime import AiterRuntime, installed_version, load, probe, signature
+from .aiter_runtime import AiterRuntime, describe, installed_version, load, probe, signature
 
 __all__ = [
     "probe",
@@ -62,6 +62,7 @@ __all__ = [
     "quantized_reference",
     "compare_plans",
     "installed_version",
+    "describe",
     "plan_knobs",
     "make_callable",
     "PRECISIONS",

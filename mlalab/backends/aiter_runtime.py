@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .aiter_abi import (
+    WINDOWS,
     AiterAbi,
     abi_for_version,
     abi_from_signatures,
@@ -30,7 +31,7 @@ from .aiter_abi import (
     parse_version,
 )
 
-__all__ = ["AiterRuntime", "installed_version", "load", "probe", "signature"]
+__all__ = ["AiterRuntime", "installed_version", "describe", "load", "probe", "signature"]
 
 
 def installed_version() -> str | None:
@@ -42,6 +43,19 @@ def installed_version() -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def describe() -> str | None:
+    """Which aiter is installed, which supported window its version falls in and what works with it, read from
+    package metadata (aiter is not imported); None when no aiter distribution is installed."""
+    text = installed_version()
+    if text is None:
+        return None
+    try:
+        abi = abi_for_version(text)
+    except ValueError:
+        return f"aiter {text} installed: outside the supported windows ({'; '.join(WINDOWS)})"
+    return f"aiter {text} installed, window {abi.window}: {abi.works()}"
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,8 @@ def signature(fn: Any) -> inspect.Signature | None:
 def _load_uncached() -> AiterRuntime:
     if importlib.util.find_spec("aiter") is None:
         raise RuntimeError(
-            "aiter is not installed (pip install amd-aiter; it runs on AMD Instinct GPUs with ROCm only)"
+            "aiter is not installed (docs/aiter.md, Install: a source build at a 0.1.1x tag, or pip install amd-aiter "
+            "for fast mode only; it runs on AMD Instinct GPUs with ROCm only)"
         )
     version_text = installed_version()
     allow_newer = os.environ.get("MLALAB_AITER_ALLOW_NEWER", "0") not in ("", "0")
