@@ -34,6 +34,7 @@ from ..inputs import DecodeInputs
 from ..quant.precision import PRECISIONS as PRECISION_TABLE
 from ..reference import decode_reference
 from .aiter_args import (
+    _PRECISIONS,
     AiterSettings,
     arch_from_gcn_name,
     fp8_torch_dtype,
@@ -448,7 +449,7 @@ def decode(inputs: DecodeInputs, **options: Any) -> tuple[torch.Tensor, torch.Te
     return get_decoder(AiterSettings(**options))(inputs, return_lse=return_lse)
 
 
-PRECISIONS = tuple(p.value for p in PRECISION_TABLE)  # aiter runs every precision of the table
+PRECISIONS = tuple(p.value for p in PRECISION_TABLE if p.value in _PRECISIONS)  # the fp8 / bf16 ones
 
 
 def make_callable(inputs: DecodeInputs, *, precision: str = "a8w8", fp8_format: str | None = None,

@@ -169,14 +169,10 @@ class AiterSettings:
 
 
 def _precisions() -> dict[str, tuple[str, str]]:
-    """{precision name: (q_dtype, kv_dtype)} from the one precision table (`mlalab.quant.precision`)."""
-    out = {}
-    for p, spec in PRECISIONS.items():
-        for fmt in (spec.q_format, spec.kv_format):
-            if fmt not in _DTYPE_NAMES:
-                raise ValueError(f"precision {p.value}: operand format {fmt!r} has no aiter dtype")
-        out[p.value] = (spec.q_format, spec.kv_format)
-    return out
+    """{precision name: (q_dtype, kv_dtype)} from the one precision table (`mlalab.quant.precision`): the precisions
+    whose operands aiter's persistent MLA decode reads (fp8 and bf16; not the fp4-KV ones)."""
+    return {p.value: (s.q_format, s.kv_format) for p, s in PRECISIONS.items()
+            if s.q_format in _DTYPE_NAMES and s.kv_format in _DTYPE_NAMES}  # fmt: skip
 
 
 _PRECISIONS = _precisions()
@@ -185,6 +181,8 @@ _PRECISIONS = _precisions()
 def settings_for_precision(precision: str, **overrides: Any) -> AiterSettings:
     """`AiterSettings` for a name of the precision table (a8w8 = fp8 q and KV, a16w8 = bf16 q + fp8 KV, bf16)."""
     spec = get_precision(precision)  # ValueError naming the valid precisions
+    if spec.precision.value not in _PRECISIONS:
+        raise ValueError(f"aiter's persistent MLA decode has no {precision} kernel; it runs {', '.join(_PRECISIONS)}")
     return AiterSettings(q_dtype=spec.q_format, kv_dtype=spec.kv_format, **overrides)
 
 
