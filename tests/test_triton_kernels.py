@@ -106,6 +106,25 @@ def test_bad_inputs_name_what_is_supported() -> None:
         Decoder(prepare(x, "bf16"), plan, out_dtype=torch.float16)
 
 
+def test_prepare_refuses_a_page_table_the_buffer_cannot_serve() -> None:
+    """Before any launch: an index past the pool, a table shorter than kv_indptr says, a last-page length past the
+    page size (a kernel would read out of bounds, not fail)."""
+    import dataclasses
+
+    x = make_inputs(DecodeCase(kv_lens=(100, 70), page_size=16, permute_pages=True))
+    far = x.kv_indices.clone()
+    far[3] = 10**6
+    with pytest.raises(ValueError, match=r"kv_indices must lie in \[0, 12\)"):
+        prepare(dataclasses.replace(x, kv_indices=far), "a8w8")
+    with pytest.raises(ValueError, match="kv_indices has 10 entries but kv_indptr\\[-1\\] = 12"):
+        prepare(dataclasses.replace(x, kv_indices=x.kv_indices[:-2]), "a8w8")
+    last = x.kv_last_page_len.clone()
+    last[0] = 17
+    with pytest.raises(ValueError, match="kv_last_page_len\\[0\\] = 17 is invalid"):
+        prepare(dataclasses.replace(x, kv_last_page_len=last), "bf16")
+    prepare(x, "a8w8")  # the table as made is fine
+
+
 def test_kernel_config_is_the_live_knobs_only() -> None:
     assert KernelConfig.knobs() == ("kernel", "pdl", "p_fp8")
     with pytest.raises(ValueError, match="KernelConfig.kernel must be one of 'auto', 'sm90', 'portable'"):

@@ -10,7 +10,7 @@ import torch
 from ..inputs import DecodeInputs
 from ..quant import fp8_dtype, quantize_fp8_per_tensor
 from ..quant.precision import Precision, PrecisionSpec, get_precision
-from ..reference import decode_reference
+from ..reference import check_decode_args, decode_reference
 
 __all__ = ["PreparedInputs", "prepare", "naive_decode"]
 
@@ -75,6 +75,10 @@ def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_forma
     if spec.q_fp8 or spec.kv_fp8:
         fp8_dtype(fp8_format)  # validates the flavour name
     q, kv = inputs.q, inputs.kv_buffer
+    # the page table against the buffer (indices in range, a table as long as kv_indptr says, last-page lengths):
+    # a kernel would read out of bounds, not fail
+    check_decode_args(q, kv, inputs.qo_indptr, inputs.kv_indptr, inputs.kv_indices, inputs.kv_last_page_len,
+                      empty_policy="zeros")  # fmt: skip
     if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
         raise TypeError(f"prepare expects bf16 q and kv_buffer (as make_inputs builds them), got {q.dtype}, {kv.dtype}")
     one = torch.ones(1, dtype=torch.float32, device=q.device)
