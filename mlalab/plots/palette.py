@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 
-__all__ = ["KINDS", "PALETTE", "color_for", "legend_rank"]
+__all__ = ["KINDS", "PALETTE", "color_for", "legend_rank", "PRECISION_PATTERN", "PRECISION_DASH"]
 
 #: kind -> {name: colour}. Within a kind the colours are distinct. A precision and the scheme / storage format of
 #: the same name share its colour (bf16 is blue everywhere, fp8 per-tensor orange).
@@ -62,6 +62,11 @@ PALETTE: dict[str, dict[str, str]] = {
 }
 
 KINDS = tuple(PALETTE)
+
+#: Where a figure colours by backend, the precision shows as a bar pattern / a line dash (a8w8 plain), so one
+#: backend at two precisions stays two distinguishable series.
+PRECISION_PATTERN: dict[str, str] = {"a8w8": "", "a16w8": "/", "bf16": "."}
+PRECISION_DASH: dict[str, str] = {"a8w8": "solid", "a16w8": "dash", "bf16": "dot"}
 
 # colours for names outside the table, picked by a hash of the name (stable across runs and selections)
 _SPARE = ("#17becf", "#bcbd22", "#e377c2", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
