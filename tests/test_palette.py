@@ -18,7 +18,7 @@ from mlalab.traffic import KV_STORAGE
         ("backend", list(BACKENDS)),
         ("precision", [str(p) for p in PRECISIONS]),
         ("scheme", [*concrete_names(Q_SCHEMES), *concrete_names(KV_SCHEMES), "fp8-static"]),
-        ("scheme", [n for n in KV_STORAGE]),
+        ("scheme", list(KV_STORAGE)),
         ("fp8_format", list(FP8_FORMATS)),
     ],
 )

@@ -8,6 +8,18 @@ from pathlib import Path
 
 from ..config import GPU_TARGETS
 from ..report import SECTION_BUILDERS, ReportOptions, default_data_dir, write_report
+from ._common import parse_csv_items
+
+
+def _sections(text: str) -> list[str]:
+    names = list(parse_csv_items(text))
+    unknown = [n for n in names if n not in SECTION_BUILDERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTION_BUILDERS)}"
+        )
+    return names
+
 
 NAME = "report"
 HELP = "write a standalone HTML report (accuracy heatmap, work map, timings, bandwidth floor) to share without Jupyter"
@@ -24,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, default=None, help="recorded measurements (default: the repo's data/)")
     p.add_argument(
         "--sections",
-        type=lambda t: [x for x in t.replace(" ", "").split(",") if x],
+        type=_sections,
         default=None,
         help=f"comma-separated subset of: {','.join(SECTION_BUILDERS)} (default: all)",
     )
