@@ -10,7 +10,8 @@ the panel's table as CSV and its figure(s) as HTML or PNG (`export_bar`), beside
 
 Files go to ``exports/`` beside the notebook (atomic writes, `mlalab.io`); the bar names each file it wrote and
 offers a download link for the small ones. PNG needs the optional ``kaleido`` package (and a Chrome/Chromium);
-without it the bar says so and points at the camera button in the figure's own toolbar.
+without it the bar says so and points at the camera button in the figure's own toolbar. `show_figure` puts a new
+figure (layout included) into a panel's FigureWidget, or says in the figure that the selection has nothing to show.
 """
 
 from __future__ import annotations
@@ -30,7 +31,16 @@ import plotly.graph_objects as go
 
 from ..io import atomic_write
 
-__all__ = ["BusyIndicator", "ExportBar", "export_bar", "save_table", "save_figure", "safe_stem", "EXPORT_DIR"]
+__all__ = [
+    "BusyIndicator",
+    "ExportBar",
+    "export_bar",
+    "save_table",
+    "save_figure",
+    "safe_stem",
+    "show_figure",
+    "EXPORT_DIR",
+]
 
 #: Where panels write their exports (relative to the working directory: the notebook's folder in JupyterLab).
 EXPORT_DIR = Path("exports")
@@ -211,3 +221,18 @@ def export_bar(
     htm.on_click(lambda *_: bar.save_figures("html"))
     png.on_click(lambda *_: bar.save_figures("png"))
     return bar
+
+
+def show_figure(fw: go.FigureWidget, fig: go.Figure | None, empty: str = "nothing to show for this selection") -> None:
+    """Put `fig` (traces AND layout: titles, axis titles, legend) into the panel's FigureWidget; None clears the
+    traces and titles the figure with `empty`, so a figure never keeps the title of what it showed before."""
+    if not isinstance(fw, go.FigureWidget):
+        raise TypeError(f"fw must be a plotly FigureWidget, got {type(fw).__name__}")
+    if fig is None:
+        fig = go.Figure(layout={"title": {"text": empty}, "height": 160, "xaxis": {"visible": False},
+                                "yaxis": {"visible": False}})  # fmt: skip
+    with fw.batch_update():
+        fw.data = ()
+        fw.layout = go.Layout()  # drop what the previous figure set and the new one does not
+        fw.add_traces(list(fig.data))
+        fw.layout = fig.layout
