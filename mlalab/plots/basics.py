@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from ..config import GPU_TARGETS, DecodeCase
 from ..traffic import decode_traffic
-from .palette import color_for
+from .palette import color_for, place_title
 
 
 def floor_by_target_figure(case: DecodeCase, kv_formats: tuple[str, ...] = ("bf16", "fp8", "mxfp4")) -> go.Figure:
@@ -39,7 +39,7 @@ def floor_by_target_figure(case: DecodeCase, kv_formats: tuple[str, ...] = ("bf1
         height=420,
         margin={"t": 60, "b": 40},
     )
-    return fig
+    return place_title(fig)
 
 
 def floor_vs_kv_len_figure(
@@ -66,4 +66,4 @@ def floor_vs_kv_len_figure(
         yaxis_title="floor: µs per call (bytes / bandwidth)",
         height=380,
     )
-    return fig
+    return place_title(fig)

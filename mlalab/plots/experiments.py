@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from ..records.ab import check_experiment, experiment_geomeans, peer_name, reference_column, variants
 from ..records.schema import DATA_ROOT
-from .palette import color_for
+from .palette import color_for, place_title
 from .timeline import check_goal, finish_ratio_figure
 
 __all__ = ["experiment_figure", "experiment_questions", "experiment_summary", "experiments_summary_figure"]
@@ -130,6 +130,6 @@ def experiments_summary_figure(summary: pd.DataFrame) -> go.Figure:
         barmode="overlay",
         height=160 + 22 * len(summary),
         margin={"l": 10, "r": 10, "t": 50, "b": 40},
-        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0},
+        legend={"orientation": "h", "y": -0.06, "yanchor": "top", "x": 0},
     )
-    return fig
+    return place_title(fig)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import zlib
 
-__all__ = ["KINDS", "PALETTE", "color_for", "legend_rank", "PRECISION_PATTERN", "PRECISION_DASH"]
+import plotly.graph_objects as go
+
+__all__ = ["KINDS", "PALETTE", "color_for", "legend_rank", "PRECISION_PATTERN", "PRECISION_DASH", "place_title"]
 
 #: kind -> {name: colour}. Within a kind the colours are distinct. A precision and the scheme / storage format of
 #: the same name share its colour (bf16 is blue everywhere, fp8 per-tensor orange).
@@ -106,3 +108,16 @@ def legend_rank(kind: str, name: str) -> tuple[int, str]:
     order = list(PALETTE[kind])
     n = _canonical(kind, str(name))
     return (order.index(n), n) if n in order else (len(order), n)
+
+
+def place_title(fig: go.Figure) -> go.Figure:
+    """Put `fig`'s title just above its plot area (anchored at the plot's top, margin grown to fit it), below the
+    strip where plotly draws its toolbar, so a long title never runs under the toolbar. Returns `fig`."""
+    if not isinstance(fig, go.Figure | go.FigureWidget):
+        raise TypeError(f"fig must be a plotly Figure, got {type(fig).__name__}")
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 60
+    fig.update_layout(
+        title={"yref": "paper", "y": 1, "yanchor": "bottom", "pad": {"b": 10}, "automargin": True},
+        margin={"t": max(int(top), 40) + 28},
+    )
+    return fig

@@ -13,7 +13,7 @@ from ..config import DecodeCase
 from ..plan import WorkPlan
 from ..records.timings import PRE_ONE_WAVE_RUNS, RecordedView, as_view, plan_check, series_rows
 from ..traffic import decode_traffic
-from .palette import PRECISION_DASH, PRECISION_PATTERN, color_for
+from .palette import PRECISION_DASH, PRECISION_PATTERN, color_for, place_title
 from .splitkv import cu_load_figure, work_map_figure
 
 __all__ = ["BF16_MATMUL_ROOF_TFLOPS", "ROOF_SOURCE", "bars_per_shape", "bandwidth_figure", "roofline_figure",
@@ -69,7 +69,7 @@ def bars_per_shape(
     fig.update_layout(barmode="group", yaxis_title="µs per call (median, IQR bars)",
                       xaxis_title="shape (batch · KV tokens per request)",
                       yaxis_type="log", title=title)  # fmt: skip
-    return fig
+    return place_title(fig)
 
 
 def bandwidth_figure(
@@ -88,7 +88,7 @@ def bandwidth_figure(
     fig.update_layout(yaxis_title="achieved bandwidth, TB/s (bytes counted once)",
                       xaxis_title="shape (batch · KV tokens per request)",
                       title=f"Bandwidth — {view.short}<br><sub>{_files_note(view)}</sub>")  # fmt: skip
-    return fig
+    return place_title(fig)
 
 
 def roofline_figure(
@@ -118,7 +118,7 @@ def roofline_figure(
                       yaxis_title="achieved TFLOP/s",
                       title=f"Roofline (useful FLOP: 16 heads, no padding) — {view.short}<br><sub>{roof}; "
                       f"{_files_note(view)}</sub>")  # fmt: skip
-    return fig
+    return place_title(fig)
 
 
 def plan_time_facts(row: pd.Series, plan: WorkPlan) -> dict[str, Any]:

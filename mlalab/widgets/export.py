@@ -30,6 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..io import atomic_write
+from ..plots.palette import place_title
 
 __all__ = [
     "BusyIndicator",
@@ -231,6 +232,7 @@ def show_figure(fw: go.FigureWidget, fig: go.Figure | None, empty: str = "nothin
     if fig is None:
         fig = go.Figure(layout={"title": {"text": empty}, "height": 160, "xaxis": {"visible": False},
                                 "yaxis": {"visible": False}})  # fmt: skip
+    fig = place_title(go.Figure(fig))
     with fw.batch_update():
         fw.data = ()
         fw.layout = go.Layout()  # drop what the previous figure set and the new one does not

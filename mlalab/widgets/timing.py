@@ -98,7 +98,8 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
         first = runs[-1]
     run = W.Dropdown(options=runs, value=first, description="run (file)", style={"description_width": "initial"},
                      layout=_WIDE)  # fmt: skip
-    best = W.Checkbox(value=False, description="best of all runs and configs (fastest row per shape)", indent=False)
+    best = W.Checkbox(value=False, description="best of all runs and configs (fastest row per shape)", indent=False,
+                      layout=W.Layout(width="auto"))  # fmt: skip
     view_html, message, table = W.HTML(), W.HTML(), W.HTML()
     bars, bw = go.FigureWidget(), go.FigureWidget()
     busy = BusyIndicator()

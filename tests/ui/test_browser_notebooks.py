@@ -74,7 +74,7 @@ LAYOUT = """(nbsel) => { const res = {overflow: [], overlaps: [], colours: [], t
   const backends = ['triton', 'flashmla', 'flashinfer', 'reference-torch', 'aiter', 'emulated'];
   for (const area of document.querySelectorAll(nbsel + ' .jp-OutputArea-output')) {
     for (const el of area.querySelectorAll('div, table, span, p, pre, code, label')) {
-      if (el.closest('.js-plotly-plot') || el.clientWidth === 0) continue;
+      if (el.closest('.js-plotly-plot, .noUi-target') || el.clientWidth === 0) continue;  // (slider handles stick out)
       const ox = getComputedStyle(el).overflowX;
       if (el.scrollWidth > el.clientWidth + 1 && !['auto', 'scroll'].includes(ox))
         res.overflow.push(`${el.tagName}.${el.className}`.slice(0, 80) + ` ${el.scrollWidth}>${el.clientWidth}: `
@@ -240,8 +240,8 @@ def test_notebook_in_browser(nb: Path, jupyter_lab: LabServer, page: PageProbe) 
                 pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
                 titles = _check_layout(pg, name, colours, f"after {what}")
                 if nb.name.startswith("04_"):  # the figures name the run the panel says it shows, or say "no records"
-                    shown = panel.locator("text=Showing:").first  # type: ignore[attr-defined]
-                    run = next((o for o in what.split("'") if o.endswith(".csv")), None)
+                    shown = panel.locator(".widget-html-content:has-text('Showing:')").first  # type: ignore[attr-defined]
+                    run = ([o for o in what.split("'") if o.endswith(".csv")] or [None])[-1]  # the file picked
                     if run is not None:
                         timing = [
                             t for t in titles if t.startswith(("Decode time per shape", "Bandwidth", "no records"))
