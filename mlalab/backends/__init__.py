@@ -84,7 +84,8 @@ def decode(
         bad = [k for k in options if k not in valid]
         if bad:
             raise TypeError(
-                f"backend {backend!r} takes no option {', '.join(map(repr, bad))}; its options: {', '.join(valid)}"
+                f"decode(backend={backend!r}) has no option {', '.join(map(repr, bad))}; "
+                f"its options: {', '.join(valid)}"
             )
     reason = mod.probe()
     if reason is not None:

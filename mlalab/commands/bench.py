@@ -6,17 +6,12 @@ import argparse
 import json
 
 from ..timing import SUITE_PRECISIONS
+from ._common import parse_csv_items as _csv_list
+from ._common import parse_int_list
 
 NAME = "bench"
 HELP = "GPU timings (CUDA graphs, L2-rotated KV) of triton / flashmla / flashinfer / reference-torch; CSV"
 ORDER = 60
-
-
-def _csv_list(text: str) -> tuple[str, ...]:
-    vals = tuple(v for v in text.replace(" ", "").split(",") if v)
-    if not vals:
-        raise argparse.ArgumentTypeError("expected a comma-separated list")
-    return vals
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--q-lens",
-        type=lambda t: tuple(int(v) for v in _csv_list(t)),
+        type=parse_int_list,
         default=None,
         help="keep only these q_lens of the suite's cases, e.g. 1,2",
     )
@@ -73,6 +68,7 @@ def summarise_recorded(data_dir: str | None = None, *, best_of_all: bool = False
     print(f"recorded data: {view.label}")
     print(f"files read: {', '.join(view.files)}; {rows['gpu'].iloc[0]}, {', '.join(sorted(set(rows['date'])))}")
     table = rows.set_index(["backend", "precision", "batch", "kv_len"])["us_median"].unstack(["batch", "kv_len"])
+    print("µs per call (median of the graph replays; columns: batch × kv_len):")
     print(table.round(2).to_string())
     have = set(zip(rows["backend"], rows["precision"]))
     peers = [s for s in (("flashmla", "a8w8"), ("flashmla", "bf16")) if s in have]

@@ -59,11 +59,55 @@ class Move:
 
 # Which control each notebook's test moves (name prefix -> moves, applied to the first panel with a figure).
 MOVES: dict[str, tuple[Move, ...]] = {
-    "01_": (Move("slider", key="ArrowLeft", presses=4),),  # batch 32 -> 28
+    "01_": (Move("slider", key="ArrowLeft", presses=4), Move("dropdown", index=1, option=4)),  # batch; KV storage
     "02_": (Move("slider", key="ArrowLeft"), Move("dropdown", index=4)),  # batch 4 -> 3, then the fp8 flavour
     "03_": (Move("slider", key="ArrowRight"),),  # batch: the plan and its work map change
-    "04_": (Move("dropdown", index=0),),  # precision
+    "04_": (Move("dropdown", index=0), Move("dropdown", index=2, option=0)),  # precision; the oldest run (file)
 }
+
+# Layout of every output area of the visible notebook: elements wider than their box that do not scroll
+# (scrollWidth > clientWidth + 1 without overflow-x auto/scroll), plot titles overlapping each other or their
+# plot's toolbar, and the colour of every trace keyed by backend (trace names start with it) or by the whole name.
+LAYOUT = """(nbsel) => { const res = {overflow: [], overlaps: [], colours: [], titles: []};
+  const hit = (a, b) => a.width > 0 && b.width > 0 && a.left < b.right - 1 && b.left < a.right - 1
+    && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  const backends = ['triton', 'flashmla', 'flashinfer', 'reference-torch', 'aiter', 'emulated'];
+  for (const area of document.querySelectorAll(nbsel + ' .jp-OutputArea-output')) {
+    for (const el of area.querySelectorAll('div, table, span, p, pre, code, label')) {
+      if (el.closest('.js-plotly-plot, .noUi-target') || el.clientWidth === 0) continue;  // (slider handles stick out)
+      const ox = getComputedStyle(el).overflowX;
+      if (el.scrollWidth > el.clientWidth + 1 && !['auto', 'scroll'].includes(ox))
+        res.overflow.push(`${el.tagName}.${el.className}`.slice(0, 80) + ` ${el.scrollWidth}>${el.clientWidth}: `
+          + (el.textContent || '').slice(0, 60));
+    }
+    const plots = Array.from(area.querySelectorAll('.js-plotly-plot'));
+    const titles = plots.flatMap(gd => Array.from(gd.querySelectorAll('.gtitle')).map(t =>
+      ({gd, text: t.textContent, r: t.getBoundingClientRect()})));
+    for (let i = 0; i < titles.length; i++) {
+      res.titles.push(titles[i].text);
+      for (let j = i + 1; j < titles.length; j++)
+        if (hit(titles[i].r, titles[j].r)) res.overlaps.push(`${titles[i].text} / ${titles[j].text}`);
+      const bar = titles[i].gd.querySelector('.modebar');
+      if (bar && hit(titles[i].r, bar.getBoundingClientRect())) res.overlaps.push(`${titles[i].text} / toolbar`);
+    }
+    for (const gd of plots) for (const t of (gd._fullData || [])) {
+      if (!t.name || !t.marker || typeof t.marker.color !== 'string') continue;
+      const first = t.name.split(' ')[0];
+      res.colours.push([backends.includes(first) ? first : t.name, t.marker.color]);
+    }
+  }
+  return res; }"""
+
+
+def _check_layout(pg: object, name: str, colours: dict[str, str], when: str) -> list[str]:
+    """Fail on horizontal overflow or overlapping titles; a backend (or a named series) keeps one colour across
+    every figure and every state of the notebook (`colours` carries what was seen before). Returns the titles."""
+    got = pg.evaluate(LAYOUT, NOTEBOOK)  # type: ignore[attr-defined]
+    assert not got["overflow"], f"{name}: elements overflow their box {when}: {got['overflow'][:8]}"
+    assert not got["overlaps"], f"{name}: plot titles overlap {when}: {got['overlaps'][:8]}"
+    for key, colour in got["colours"]:
+        assert colours.setdefault(key, colour) == colour, f"{name}: {key} changed colour {when}"
+    return got["titles"]
 
 
 def _shot(pg: object, name: str) -> None:
@@ -170,6 +214,8 @@ def test_notebook_in_browser(nb: Path, jupyter_lab: LabServer, page: PageProbe) 
         cells = _cells(pg)
         assert all(c["count"] is not None for c in cells), f"{name}: cells not run: {cells}"
         print(f"{name}: Run All {elapsed:.1f} s in the browser, {len(cells)} code cells")
+        colours: dict[str, str] = {}
+        _check_layout(pg, name, colours, "after Run All")
 
         moves = next((m for prefix, m in MOVES.items() if nb.name.startswith(prefix)), ())
         if moves:
@@ -191,6 +237,17 @@ def test_notebook_in_browser(nb: Path, jupyter_lab: LabServer, page: PageProbe) 
                 panel.scroll_into_view_if_needed()  # type: ignore[attr-defined]
                 _shot(pg, f"{name}-2-move{i}")
                 print(f"{name}: {what}: figure changed")
+                pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
+                titles = _check_layout(pg, name, colours, f"after {what}")
+                if nb.name.startswith("04_"):  # the figures name the run the panel says it shows, or say "no records"
+                    shown = panel.locator(".widget-html-content:has-text('Showing:')").first  # type: ignore[attr-defined]
+                    run = ([o for o in what.split("'") if o.endswith(".csv")] or [None])[-1]  # the file picked
+                    if run is not None:
+                        timing = [
+                            t for t in titles if t.startswith(("Decode time per shape", "Bandwidth", "no records"))
+                        ]
+                        assert timing and all(run in t or t.startswith("no records") for t in timing), (run, timing)
+                        assert not shown.count() or run in shown.inner_text(), shown.inner_text()
             pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
             _assert_no_errors(pg, name, "after moving the controls")
         assert not page.page_errors, f"{name}: uncaught errors in the page: {page.page_errors[:5]}"
