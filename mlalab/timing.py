@@ -52,10 +52,10 @@ __all__ = [
     "run_suite",
 ]
 
-#: KV layouts a suite times (`case_inputs`): the page size and whether the page table is a random permutation.
-#: ``tokens`` is page size 1 with a random token table (the layout aiter and sglang hand a decode kernel: any slot of
-#: a token pool; here the pool is the batch's own KV, permuted).
-LAYOUTS = {"contiguous": (1, False), "paged64": (64, True), "paged16": (16, True), "tokens": (1, True)}
+#: KV layouts a suite times (`case_inputs`): the page size, whether the page table is random, and the pool size in
+#: multiples of the batch's KV. ``tokens`` is page size 1 with random token indices into a pool 4x the batch's KV
+#: (the layout aiter and sglang hand a decode kernel: any slots of a token pool).
+LAYOUTS = {"contiguous": (1, False, 1), "paged64": (64, True, 1), "paged16": (16, True, 1), "tokens": (1, True, 4)}
 
 #: The cases of each suite: ``(batch, kv_len, q_len, layout)``. ``competition``: the 12 shapes of the GPU MODE MLA
 #: decode problem (q_len 1, contiguous); ``mixed-mla-2026``: the 2026 problem's 8 shapes; ``layouts``: q_len 1, 2, 4
@@ -83,11 +83,11 @@ def suite_cases(suite: str, shapes: list[tuple[int, int]] | None = None, q_lens:
 
 def layout_of(x: Any) -> str:
     """The `LAYOUTS` name of inputs made by `make_inputs` (``pageN`` / ``pageN-permuted`` for other page tables)."""
-    key = (int(x.case.page_size), bool(x.case.permute_pages))
+    key = (int(x.case.page_size), bool(x.case.permute_pages), int(x.case.pool_factor))
     for name, v in LAYOUTS.items():
         if v == key:
             return name
-    return f"page{key[0]}" + ("-permuted" if key[1] else "")
+    return f"page{key[0]}" + ("-permuted" if key[1] else "") + (f"-pool{key[2]}" if key[2] > 1 else "")
 
 
 def case_inputs(batch: int, kv_len: int, q_len: int = 1, layout: str = "contiguous") -> Any:
@@ -95,8 +95,9 @@ def case_inputs(batch: int, kv_len: int, q_len: int = 1, layout: str = "contiguo
     `layout` (`LAYOUTS`). The same logical q and KV whatever the layout."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    page_size, permute = LAYOUTS[layout]
-    return make_inputs(DecodeCase.uniform(batch, kv_len, q_len=q_len, page_size=page_size, permute_pages=permute))
+    page_size, permute, pool = LAYOUTS[layout]
+    return make_inputs(DecodeCase.uniform(batch, kv_len, q_len=q_len, page_size=page_size, permute_pages=permute,
+                                          pool_factor=pool))  # fmt: skip
 
 
 L2_BYTES = 60 * 1024 * 1024

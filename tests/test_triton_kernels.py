@@ -204,6 +204,38 @@ def test_interpreter_exact_mode_all_precisions_paged_empty_and_peaked() -> None:
             assert fails == "1", f"the baselines pass a 1e-5 check at {prec} page {ps}: the check cannot fail\n{out}"
 
 
+def test_interpreter_token_pool_with_nan_outside_the_table() -> None:
+    """Page size 1 with random token indices into a pool 3x the batch's KV (the layout aiter and sglang hand a decode
+    kernel), NaN in every pool slot the table does not name: exact, finite, and the baselines fail the check."""
+    out = _interp(
+        """
+        for prec in ("a8w8", "bf16"):
+            x = make_inputs(DecodeCase(kv_lens=(37, 130, 0, 21), seed=3, permute_pages=True, pool_factor=3,
+                                       dist="unit"))
+            x = dataclasses.replace(x, q=(x.q.float() * 3).to(torch.bfloat16))
+            p = prepare(x, prec)
+            unused = torch.ones(p.kv.shape[0], dtype=torch.bool)
+            unused[x.kv_indices.long()] = False
+            assert int(unused.sum()) == 2 * 188
+            clean = naive_decode(p)[0]
+            kv = p.kv.clone()
+            code_type, nan_code = (torch.uint8, 0x7F) if p.spec.kv_fp8 else (torch.int16, 0x7FC0)
+            kv.view(code_type)[unused] = nan_code
+            p = dataclasses.replace(p, kv=kv)
+            plan = make_plan("balanced", x.qo_indptr, x.kv_indptr, 5)
+            out, lse = Decoder(p, plan, out_dtype=torch.float32, pv_exact=True)()
+            live = clean.norm(dim=-1) > 0
+            no_nan = dataclasses.replace(p, kv=kv.view(code_type).masked_fill(unused[:, None], 0).view(kv.dtype))
+            fails = baselines_fail(no_nan, clean, live, 1e-5)
+            print("POOL", prec, rel(out, clean, live), int(torch.isnan(out).any()), int(fails))
+        """
+    )
+    rows = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("POOL")]
+    assert len(rows) == 2, out
+    for prec, e, nan, fails in rows:
+        assert float(e) <= 1e-5 and nan == "0" and fails == "1", (prec, out)
+
+
 def test_interpreter_row_passes_compute_the_plan() -> None:
     """Speculative decode on the sm_90 kernel runs a plan's works of q_len rows as one-row works on q_len CTAs
     (`mlalab.kernels.sm90.host.row_passes`). Executed by the portable kernel (whose per-work contract the sm_90
