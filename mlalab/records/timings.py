@@ -21,9 +21,10 @@ from ..plan import WorkPlan, indptrs_for, make_plan
 from ..quant.precision import CORE_PRECISIONS
 from .schema import ACCURACY_PENDING, CSV_COLUMNS, DATA_ROOT, is_default_config, parse_config
 
-__all__ = ["TIMINGS_DIR", "DEFAULT_PLANNER", "load_recorded", "case_rows", "default_run", "RecordedView",
-           "recorded_view", "as_view", "series_rows", "best_per_shape", "speedup_table", "winners_table", "headline",
-           "fastest_record", "record_for_shape", "plan_of_record", "plan_check", "PRE_ONE_WAVE_RUNS"]  # fmt: skip
+__all__ = ["TIMINGS_DIR", "DEFAULT_PLANNER", "load_recorded", "with_case_columns", "case_rows", "default_run",
+           "RecordedView", "recorded_view", "as_view", "series_rows", "best_per_shape", "speedup_table",
+           "winners_table", "headline", "fastest_record", "record_for_shape", "plan_of_record", "plan_check",
+           "PRE_ONE_WAVE_RUNS"]  # fmt: skip
 
 TIMINGS_DIR = os.path.join(DATA_ROOT, "timings")
 
@@ -40,12 +41,12 @@ def load_recorded(data_dir: str = TIMINGS_DIR) -> pd.DataFrame:
     files = sorted(glob.glob(os.path.join(data_dir, "*.csv")), key=lambda f: natural_key(os.path.basename(f)))
     if not files:
         raise FileNotFoundError(f"no timing CSVs under {data_dir}")
-    dfs = [_with_case_columns(pd.read_csv(f)).assign(run=os.path.basename(f)) for f in files]
+    dfs = [with_case_columns(pd.read_csv(f)).assign(run=os.path.basename(f)) for f in files]
     df = pd.concat(dfs, ignore_index=True)
     return df[df["status"].isin(["ok", ACCURACY_PENDING])].copy()
 
 
-def _with_case_columns(d: pd.DataFrame) -> pd.DataFrame:
+def with_case_columns(d: pd.DataFrame) -> pd.DataFrame:
     """Runs recorded before the `q_len` / `layout` columns timed q_len 1 on a contiguous cache."""
     if "q_len" not in d.columns:
         d = d.assign(q_len=1)
@@ -61,7 +62,7 @@ def case_rows(df: pd.DataFrame, q_len: int = 1, layout: str = "contiguous") -> p
         raise ValueError(f"q_len must be an int >= 1, got {q_len!r}")
     if not isinstance(layout, str):
         raise TypeError(f"layout must be a str, got {type(layout).__name__}")
-    d = _with_case_columns(df)
+    d = with_case_columns(df)
     return d[(d["q_len"] == q_len) & (d["layout"] == layout)]
 
 

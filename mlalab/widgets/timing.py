@@ -32,6 +32,7 @@ from ..records.timings import (
     recorded_view,
     speedup_table,
     winners_table,
+    with_case_columns,
 )
 from .export import BusyIndicator, ExportBar, export_bar, show_figure
 
@@ -64,6 +65,7 @@ class TimingPanel:
     busy: BusyIndicator
     export: ExportBar
     shown: dict[str, object]  # what the panel shows now: "rows" (DataFrame of the series drawn), "stem" (file name)
+    layout: W.Dropdown | None = None  # the decode layout: (q_len, KV layout) pairs recorded
 
 
 #: wide enough for every recorded file name (dropdowns cut their text at their width)
@@ -100,6 +102,12 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
                      layout=_WIDE)  # fmt: skip
     best = W.Checkbox(value=False, description="best of all runs and configs (fastest row per shape)", indent=False,
                       layout=W.Layout(width="auto"))  # fmt: skip
+    full = with_case_columns(df)
+    cases = sorted(set(zip(full["q_len"], full["layout"])))
+    layout = W.Dropdown(options=[(f"q_len {q} · {lay}", (int(q), str(lay))) for q, lay in cases],
+                        value=(1, "contiguous") if (1, "contiguous") in cases else cases[0],
+                        description="decode layout", style={"description_width": "initial"},
+                        disabled=len(cases) < 2)  # fmt: skip
     view_html, message, table = W.HTML(), W.HTML(), W.HTML()
     bars, bw = go.FigureWidget(), go.FigureWidget()
     busy = BusyIndicator()
@@ -114,8 +122,9 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
         where = "best of all runs" if best.value else str(run.value)
         try:
             view: RecordedView = recorded_view(
-                df, best_of_all=best.value, run=None if best.value else run.value, planner=planner.value
-            )
+                df, best_of_all=best.value, run=None if best.value else run.value, planner=planner.value,
+                q_len=layout.value[0], layout=layout.value[1],
+            )  # fmt: skip
         except ValueError as e:
             view_html.value, message.value, table.value = "", f"<i>{e}</i>", ""
             note.value = f"<b>{source or 'No GPU here: recorded H200 data (data/timings)'}</b> — nothing in {where}"
@@ -161,15 +170,16 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
             )
         table.value = f"<div style='overflow-x:auto;max-width:100%'>{html}</div>" if html else ""
 
-    for w in (backends, precision, planner, run, best):
+    for w in (backends, precision, planner, run, best, layout):
         w.observe(refresh, names="value")
     exp = export_bar(lambda: str(shown["stem"]), table=lambda: shown["rows"],  # type: ignore[arg-type,return-value]
                      figures=lambda: {"time": bars, "bandwidth": bw})  # fmt: skip
     refresh()
-    controls = W.HBox([backends, W.VBox([precision, planner, run, best])], layout=W.Layout(flex_flow="row wrap"))
+    controls = W.HBox([backends, W.VBox([precision, planner, layout, run, best])],
+                      layout=W.Layout(flex_flow="row wrap"))  # fmt: skip
     panel = W.VBox([note, controls, busy.widget, view_html, message, bars, bw, table, exp.box])
     return TimingPanel(panel, backends, precision, planner, run, best, bars, bw, view_html, message, table, note,
-                       busy, exp, shown)  # fmt: skip
+                       busy, exp, shown, layout)  # fmt: skip
 
 
 @dataclass
