@@ -216,9 +216,16 @@ def plan_time_panel(
                     style={"description_width": "initial"})  # fmt: skip
     work_map, cu_load = go.FigureWidget(), go.FigureWidget()
     facts, message = W.HTML(), W.HTML()
+    busy = BusyIndicator()
+    shown: dict[str, object] = {"table": None, "stem": "plan"}
 
     def refresh(*_: object) -> None:
+        with busy("rebuilding the plan of the recorded row"):
+            _refresh()
+
+    def _refresh() -> None:
         b, L = dd.value
+        shown.update(table=None, stem=f"plan_{precision}_B{b}_L{L}")
         try:
             row = record_for_shape(df, b, L, "triton", precision, best_of_all=best_of_all)
             plan = plan_of_record(row)
@@ -229,6 +236,7 @@ def plan_time_panel(
             _replace(cu_load, None, f"no plan to show for B{b} × L{L}")
             return
         f = plan_time_facts(row, plan)
+        shown["table"] = plan.to_frame()
         wm, cl = plan_time_figures(row, plan)
         _replace(work_map, wm)
         _replace(cu_load, cl)
@@ -244,7 +252,9 @@ def plan_time_panel(
 
     dd.observe(refresh, names="value")
     refresh()
-    panel = W.VBox([dd, message, facts, work_map, cu_load])
+    exp = export_bar(lambda: str(shown["stem"]), table=lambda: shown["table"],  # type: ignore[arg-type,return-value]
+                     figures=lambda: {"work_map": work_map, "cu_load": cu_load})  # fmt: skip
+    panel = W.VBox([dd, busy.widget, message, facts, work_map, cu_load, exp.box])
     return PlanTimePanel(panel, dd, work_map, cu_load, facts, message)
 
 
@@ -277,18 +287,26 @@ def timeline_panel(events: pd.DataFrame | None = None, shape: tuple[int, int] | 
     dd = W.Dropdown(options=[(f"B{b} × L{n}", (b, n)) for b, n in shapes], value=shape,
                     description="shape (batch × KV tokens)", style={"description_width": "initial"})  # fmt: skip
     fig, summary = go.FigureWidget(), W.HTML()
+    busy = BusyIndicator()
 
     def refresh(*_: object) -> None:
+        with busy("drawing the time line"):
+            b, n = dd.value
+            _replace(fig, cta_timeline_figure(events, b, n))
+            rows = "".join(f"<tr><td>{k}</td><td>{v:.2f}</td></tr>" for k, v in timeline_summary(events, b, n).items())
+            src = events["run"].iloc[0] if "run" in events.columns else "the given events"
+            summary.value = (f"<b>where stage 1's time goes</b> (µs, medians over busy CTAs; ctas busy is a count; "
+                             f"one stamped launch from {src})<table>{rows}</table>")  # fmt: skip
+
+    def shown_events() -> pd.DataFrame:
         b, n = dd.value
-        _replace(fig, cta_timeline_figure(events, b, n))
-        rows = "".join(f"<tr><td>{k}</td><td>{v:.2f}</td></tr>" for k, v in timeline_summary(events, b, n).items())
-        src = events["run"].iloc[0] if "run" in events.columns else "the given events"
-        summary.value = (f"<b>where stage 1's time goes</b> (µs, medians over busy CTAs; ctas busy is a count; "
-                         f"one stamped launch from {src})<table>{rows}</table>")  # fmt: skip
+        return events[(events["B"] == b) & (events["L"] == n)].reset_index(drop=True)
 
     dd.observe(refresh, names="value")
     refresh()
-    return TimelinePanel(W.VBox([dd, summary, fig]), dd, fig, summary)
+    exp = export_bar(lambda: f"timeline_B{dd.value[0]}_L{dd.value[1]}", table=shown_events,
+                     figures=lambda: {"timeline": fig})  # fmt: skip
+    return TimelinePanel(W.VBox([dd, busy.widget, summary, fig, exp.box]), dd, fig, summary)
 
 
 @dataclass
