@@ -206,15 +206,16 @@ def test_groupings_differ_on_these_inputs() -> None:
 def test_flashmla_v32_golden_values() -> None:
     """Hand-worked: a block with amax 1.0 has amax / 448 = 2^-8.81, so scale 2^-8; 0.3 / 2^-8 = 76.8 rounds to 80 in
     e4m3 (step 8 in [64, 128)), i.e. 0.3125; with the unrounded scale 1/448 it would read 134.4 -> 128 -> 0.2857.
-    A block of tiny values gets the 1e-4 floor: scale 2^-13 (2^ceil(log2 1e-4)); its amax 1e-6 reads back as
-    1e-6 / 2^-13 = 0.0082 -> the e4m3 subnormal 4 * 2^-9 = 2^-7 -> 2^-20. RoPE dims: bf16."""
+    A block of tiny values gets the 1e-4 floor: scale 2^-13 (2^ceil(log2 1e-4)); its 1.1e-6 reads back as
+    1.1e-6 / 2^-13 = 0.00901 -> the e4m3 subnormal 5 * 2^-9 -> 5 * 2^-22, and its 3e-7 (0.00246) as 1 * 2^-9 -> 2^-22
+    (without the floor the scale would be 2^-28 and they would read 288 * 2^-28 and 80 * 2^-28). RoPE dims: bf16."""
     x = torch.zeros(1, 1, 576)
     x[0, 0, 0], x[0, 0, 1] = 1.0, 0.3
-    x[0, 0, 128] = 1e-6
+    x[0, 0, 128], x[0, 0, 129] = 1.1e-6, 3e-7
     x[0, 0, 600 - 64] = 1.0 + 2.0**-10  # RoPE: bf16 keeps 8 bits, so 1 + 2^-10 -> 1.0
     y = get_kv_scheme("fp8-flashmla-v32").fake_quant(x)[0, 0]
     assert y[0].item() == 1.0 and y[1].item() == 0.3125
-    assert y[128].item() == 2.0**-20
+    assert y[128].item() == 5 * 2.0**-22 and y[129].item() == 2.0**-22
     assert y[536].item() == 1.0
 
 
