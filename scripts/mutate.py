@@ -437,22 +437,29 @@ def main() -> None:
             finally:
                 path.write_text(original, encoding="utf-8")
             rows.append({**_row(m), "status": status, "first_failure": first})
+            _write(args.out, rows)  # after every mutant: a stopped run keeps what it measured
             print(f"[{i}/{len(mutants)}] {status:17s} {m.module}:{m.line} {m.function} {m.what}", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if args.out:  # written whole, then renamed: never half a file
-        part = f"{args.out}.part"
-        with open(part, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        os.replace(part, args.out)
+    _write(args.out, rows)
     surv = [r for r in rows if r["status"] == "survived"]
     killed = sum(r["status"].startswith("killed") for r in rows)
     print(f"\n{len(rows)} mutants: {killed} killed, {len(surv)} survived, "
           f"{sum(r['status'] == 'invalid' for r in rows)} invalid")  # fmt: skip
     for r in surv:
         print(f"SURVIVED {r['module']}:{r['line']} {r['function']} {r['mutation']}")
+
+
+def _write(out: str, rows: list[dict]) -> None:
+    """The CSV, written whole to a side file and renamed: never half a file."""
+    if not out or not rows:
+        return
+    part = f"{out}.part"
+    with open(part, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["module", "function", "line", "mutation", "hand", "status", "first_failure"])
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(part, out)
 
 
 def _row(m: Mutant) -> dict:
