@@ -244,3 +244,28 @@ def test_nvfp4_golden_values() -> None:
     y = get_kv_scheme("nvfp4").fake_quant(x)[0, 0]
     assert y[0].item() == 2688.0 and y[16].item() == 6.0 and y[17].item() == 3.0
     assert y[32].item() == 12.0 and y[33].item() == 4.0
+
+
+def test_bytes_per_token_of_every_scheme_hand_computed() -> None:
+    """576 values per row: 2 B each in bf16, 1 B in fp8, plus fp32 scales (a q token's one scale is shared by its 16
+    rows: 4/16 B per row; block128: 5 scales), V3.2 512 fp8 + 4 fp32 + 64 bf16, MXFP4 288 + 18 E8M0, NVFP4 288 + 36
+    E4M3."""
+    q = {
+        "bf16": 1152,
+        "fp8-direct": 576,
+        "fp8-direct-sat": 576,
+        "fp8-tensor": 576,
+        "fp8-tensor-bf16math": 576,
+        "fp8-token": 576.25,
+        "fp8-head": 576,
+        "fp8-token-head": 580,
+        "fp8-block128": 596,
+        "fp8-static:3.0": 576,
+    }
+    kv = {"bf16": 1152, "fp8-tensor": 576, "fp8-tensor-bf16math": 576, "fp8-token": 580, "fp8-block128": 596,
+          "fp8-static:3.0": 576, "fp8-flashmla-v32": 656, "nvfp4": 324} | dict.fromkeys(MXFP4_RECIPES, 306)  # fmt: skip
+    assert set(q) == set(Q_NAMES) and set(kv) == set(KV_NAMES)
+    for n, b in q.items():
+        assert get_q_scheme(n).bytes_per_token == b, n
+    for n, b in kv.items():
+        assert get_kv_scheme(n).bytes_per_token == b, n
