@@ -190,11 +190,17 @@ def _scopes(tree: ast.Module) -> dict[str, ast.AST]:
 
 
 def _skipped(tree: ast.AST) -> set[int]:
-    """ids of nodes under a raise, an f-string, an assert or a docstring: mutating messages is noise."""
+    """ids of nodes under a raise, an f-string, an assert, a docstring or an annotation: mutating those is noise."""
     skip: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Raise, ast.JoinedStr, ast.Assert)):
             skip.update(id(n) for n in ast.walk(node))
+        if isinstance(node, ast.arg) and node.annotation is not None:  # annotations are never evaluated here
+            skip.update(id(n) for n in ast.walk(node.annotation))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            skip.update(id(n) for n in ast.walk(node.returns))
+        if isinstance(node, ast.AnnAssign):
+            skip.update(id(n) for n in ast.walk(node.annotation))
         if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)) and ast.get_docstring(node):
             skip.update(id(n) for n in ast.walk(node.body[0]))
     return skip
