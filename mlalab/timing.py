@@ -38,6 +38,7 @@ __all__ = [
     "MAX_ROTATION",
     "kv_cache_bytes",
     "call_bytes",
+    "rate_columns",
     "rotation_copies",
     "gpu_info",
     "provenance",
@@ -232,6 +233,20 @@ def call_bytes(batch: int, kv_len: int, precision: str, q_len: int = 1) -> int:
     return int(round(t.total_bytes))
 
 
+def rate_columns(nbytes: int, copy_tbps: float, us_median: float = math.nan) -> dict[str, float]:
+    """The rate columns of a timed row from its `bytes`, the run's copy bandwidth (TB/s) and the median time (µs):
+    ``floor_us`` = bytes / copy bandwidth, ``tbps`` = bytes / time, ``pct_copy`` = 100 x tbps / copy bandwidth (NaN
+    while the time is NaN: not timed yet)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+    if not (isinstance(copy_tbps, (int, float)) and math.isfinite(copy_tbps) and copy_tbps > 0):
+        raise ValueError(f"copy_tbps must be a positive finite number (TB/s), got {copy_tbps!r}")
+    if not (isinstance(us_median, (int, float)) and (math.isnan(us_median) or us_median > 0)):
+        raise ValueError(f"us_median must be a positive number of microseconds or NaN, got {us_median!r}")
+    tbps = nbytes / (us_median * 1e-6) / 1e12
+    return {"floor_us": nbytes / (copy_tbps * 1e12) * 1e6, "tbps": tbps, "pct_copy": 100.0 * tbps / copy_tbps}
+
+
 def kv_cache_bytes(batch: int, kv_len: int, precision: str) -> int:
     """Bytes of one KV cache of B x L tokens at `precision` (block scales included): one rotated copy."""
     return int(batch * kv_len * get_precision(precision).kv_token_bytes)
@@ -272,7 +287,7 @@ def bench_one(
                        copy_tbps=copy_tbps, env=env)  # fmt: skip
     nbytes = call_bytes(B, L, precision, Q)
     rec.bytes = nbytes
-    rec.floor_us = nbytes / (copy_tbps * 1e12) * 1e6
+    rec.floor_us = rate_columns(nbytes, copy_tbps)["floor_us"]
     n_copies = rotation_copies(kv_cache_bytes(B, L, precision))
     try:
         call, info = get_backend(backend).make_callable(x, precision=precision, n_copies=n_copies, **opts)
@@ -284,8 +299,8 @@ def bench_one(
             _set_errors(rec, out, *quantised_reference(x, precision, refs))
         t = time_callable(call, n_copies, calls_per_graph=calls_per_graph, replays=replays)
         rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
-        rec.tbps = nbytes / (rec.us_median * 1e-6) / 1e12
-        rec.pct_copy = 100.0 * rec.tbps / copy_tbps
+        rates = rate_columns(nbytes, copy_tbps, rec.us_median)
+        rec.tbps, rec.pct_copy = rates["tbps"], rates["pct_copy"]
         if refs is None:
             rec.status = ACCURACY_PENDING
             outputs.append((rec, out.cpu()))
