@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from ..inputs import paged_layout
-from ..plan import PLANNERS, make_plan
+from ..plan import PLANNERS, indptrs_for, make_plan
 from ._common import add_case_arguments, case_from_args, print_json
 
 NAME = "plan"
@@ -55,8 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     case = case_from_args(a)
-    kv_indptr, _, last, _ = paged_layout(case.kv_lens, case.page_size, permute=False)
-    qo_indptr = torch.arange(case.batch + 1, dtype=torch.int32) * case.q_len
+    qo_indptr, kv_indptr, *rest = indptrs_for(case.kv_lens, case.q_len, page_size=case.page_size)
+    last = rest[0] if rest else None
     plan = make_plan(
         a.planner,
         qo_indptr,
