@@ -85,11 +85,14 @@ def check_metadata(
     n_partial_rows: int | None = None,
     kv_lens: Sequence[int] | None = None,
     page_size: int = 1,
+    check_pad: bool = True,
 ) -> list[Finding]:
     """Every broken invariant of the metadata for the batch ``(qo_indptr, kv_indptr)``; ``[]`` when it is sound.
 
     `n_partial_rows` (rows of the partial buffer) and `kv_lens` (tokens per request, for ``kv_offset``) are checked
-    when given. Only ``work_info[:work_indptr[-1]]`` is read (aiter's buffers are larger than the plan).
+    when given. Only ``work_info[:work_indptr[-1]]`` is read (aiter's buffers are larger than the plan), and
+    ``reduce_final_map`` only for tiles the reduce runs; ``check_pad=False`` skips the pad dword (aiter leaves it
+    undefined).
     """
     for name, t in (
         ("work_indptr", work_indptr),
@@ -142,7 +145,7 @@ def check_metadata(
         if not 0 <= b < B:
             out.append(Finding("field", f"work {w}: batch_idx {b} out of range [0, {B})", work=w))
             continue
-        if pad != 0:
+        if check_pad and pad != 0:
             out.append(Finding("field", f"work {w}: pad must be 0, got {pad}", request=b, work=w))
         if slot < -1:
             out.append(Finding("field", f"work {w}: partial_qo_loc {slot} < -1", request=b, work=w))
@@ -200,6 +203,20 @@ def check_metadata(
                 )
         per_req[b].append((max(ks, lo), min(ke, hi), slot, w))
 
+    short = {(f.work, qo[f.request + 1] - qo[f.request]) for f in out if f.kind == "q_rows" and "missing" in f.message}
+    if short:
+        planned = {works[w][3] - works[w][2] for w, _ in short}
+        has = {n for _, n in short}
+        if len(planned) == 1 and len(has) == 1:
+            (pq,), (hq,) = planned, has
+            out.insert(
+                0,
+                Finding(
+                    "q_rows",
+                    f"metadata for q_len {pq} used with q_len {hq}: {len(short)} works compute "
+                    f"{pq} of their request's {hq} q rows, the others are never computed",
+                ),
+            )
     rows_used.sort()
     end_so_far, owner = -1, -1
     for a0, a1, w in rows_used:
