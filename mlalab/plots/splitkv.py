@@ -186,13 +186,18 @@ def gantt_figure(plan: WorkPlan, *, overhead: int = 64, title: str | None = None
     span = int((df.groupby("cu")["cost"].sum()).max()) if len(df) else 0
     last = _last_busy(plan)
     fig.update_layout(
-        title=title or f"{plan.planner}: per-CU work in order (tokens + {overhead}/work); modelled makespan {span}",
+        title={
+            "text": title
+            or f"{plan.planner}: each CU's works in order<br>(tokens + {overhead} per work); "
+            f"modelled makespan {span} tokens",
+            "font": {"size": 14},
+        },
         barmode="overlay",
         xaxis_title="modelled time (tokens)",
         yaxis={"title": "CU", "range": [last + 0.5, -0.5]},
         height=max(280, min(900, 120 + 9 * (last + 1))),
         bargap=0.15,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        margin={"l": 60, "r": 20, "t": 70, "b": 50},
         legend={"font": {"size": 10}},
     )
     return fig

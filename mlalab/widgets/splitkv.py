@@ -97,7 +97,7 @@ class SplitKVPanel:
     plan: WorkPlan | None = None
     result: EmulationResult | None = None
     rel_l2: float | None = None
-    timeline_box: W.Box = dataclasses.field(default_factory=W.VBox)
+    timeline_box: W.Box = dataclasses.field(default_factory=lambda: W.VBox(layout=W.Layout(width="600px")))
 
     def kv_lens(self) -> tuple[int, ...]:
         c = self.controls
@@ -153,12 +153,13 @@ class SplitKVPanel:
         )
         ovh = c["overhead"].value
         _replace(self.figures["targets"], targets_figure(others, overhead=ovh))
-        _replace(self.figures["gantt"], gantt_figure(plan, overhead=ovh))
+        # 600 px each: the Gantt and the measured time line sit side by side on a wide screen, the row wraps otherwise
+        _replace(self.figures["gantt"], gantt_figure(plan, overhead=ovh).update_layout(width=600))
         _replace(self.figures["work_map"], work_map_figure(plan))
         fig, why = recorded_timeline(plan, lens)
         self.timeline_note.value = why
         if fig is not None:
-            fig.update_layout(width=610, title={"font": {"size": 12}})
+            fig.update_layout(width=600, title={"font": {"size": 12}})
             _replace(self.figures["timeline"], fig)
         self.timeline_box.children = (self.timeline_note,) + ((self.figures["timeline"],) if fig is not None else ())
         c["request"].max = plan.batch - 1
@@ -257,8 +258,6 @@ def split_kv_panel(
         "step": W.IntSlider(value=0, min=0, max=1, description="step (works, then reduce)", style=style, layout=lay),
     }  # fmt: skip
     figures = {k: go.FigureWidget() for k in ("targets", "gantt", "timeline", "work_map", "step")}
-    for k in ("gantt", "timeline"):
-        figures[k].layout.width = 610
     p = SplitKVPanel(W.VBox(), controls, figures, W.HTML(), W.HTML(), W.HTML(), W.HTML())
     left = W.VBox([controls[k] for k in ("target", "cus", "planner", "batch", "kv_mode", "kv_len", "long_len", "seed")])
     right = W.VBox([controls[k] for k in ("splits", "granularity", "overhead", "dist", "q_scale", "request", "head",
@@ -269,7 +268,7 @@ def split_kv_panel(
             p.summary,
             p.message,
             figures["targets"],
-            W.HBox([figures["gantt"], p.timeline_box]),
+            W.HBox([figures["gantt"], p.timeline_box], layout=W.Layout(flex_flow="row wrap")),
             figures["work_map"],
             W.HTML("<b>Step-through</b>: the chosen request's works run alone (float64), then the merge."),
             figures["step"],
