@@ -207,7 +207,7 @@ def check_metadata(
     if short:
         planned = {works[w][3] - works[w][2] for w, _ in short}
         has = {n for _, n in short}
-        if len(planned) == 1 and len(has) == 1:
+        if len(planned) == 1 and len(has) == 1 and len(short) > 1:  # one pattern across works: name it
             (pq,), (hq,) = planned, has
             out.insert(
                 0,
