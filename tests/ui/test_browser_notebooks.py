@@ -110,6 +110,34 @@ def _check_layout(pg: object, name: str, colours: dict[str, str], when: str) -> 
     return got["titles"]
 
 
+# Notebook 03 at its defaults (issue 26): every plot title's box in the page, and the merge weights the step-through
+# figure shows (plotly keeps the data on the graph div).
+TITLE_BOXES = f"""() => Array.from(document.querySelectorAll('{NOTEBOOK} .js-plotly-plot')).flatMap(
+  gd => Array.from(gd.querySelectorAll('.gtitle, .annotation-text')).map(t => {{ const r = t.getBoundingClientRect();
+    return {{text: t.textContent, x0: r.left, y0: r.top, x1: r.right, y1: r.bottom}}; }})).filter(b => b.x1 > b.x0)"""
+MERGE_WEIGHTS = f"""() => Array.from(document.querySelectorAll('{NOTEBOOK} .js-plotly-plot')).flatMap(
+  gd => (gd.data || []).filter(t => t.name === 'merge weight').map(t => Array.from(t.y)))"""
+
+
+def _check_03_defaults(pg: object, name: str) -> None:
+    """At 1280 px: the shown request's merge weights differ, and no two plot titles overlap."""
+    pg.set_viewport_size({"width": 1280, "height": 1000})  # type: ignore[attr-defined]
+    pg.wait_for_timeout(1500)  # type: ignore[attr-defined]
+    weights = pg.evaluate(MERGE_WEIGHTS)  # type: ignore[attr-defined]
+    assert weights, f"{name}: no merge-weight bars in the page"
+    assert all(max(w) - min(w) > 0.01 for w in weights), f"{name}: the merge weights shown are all equal: {weights}"
+    boxes = pg.evaluate(TITLE_BOXES)  # type: ignore[attr-defined]
+    assert len(boxes) >= 6, boxes
+    clash = [(a["text"], b["text"]) for i, a in enumerate(boxes) for b in boxes[i + 1 :]
+             if a["x0"] < b["x1"] and b["x0"] < a["x1"] and a["y0"] < b["y1"] and b["y0"] < a["y1"]]  # fmt: skip
+    if clash:
+        _shot(pg, f"{name}-titles-overlap")
+    assert not clash, f"{name}: plot titles overlap at 1280 px: {clash[:5]}"
+
+
+AFTER_RUN = {"03_": _check_03_defaults}  # per-notebook checks of what it shows at its defaults
+
+
 def _shot(pg: object, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)  # type: ignore[attr-defined]
@@ -214,6 +242,9 @@ def test_notebook_in_browser(nb: Path, jupyter_lab: LabServer, page: PageProbe) 
         cells = _cells(pg)
         assert all(c["count"] is not None for c in cells), f"{name}: cells not run: {cells}"
         print(f"{name}: Run All {elapsed:.1f} s in the browser, {len(cells)} code cells")
+        for prefix, check in AFTER_RUN.items():
+            if nb.name.startswith(prefix):
+                check(pg, name)
         colours: dict[str, str] = {}
         _check_layout(pg, name, colours, "after Run All")
 
