@@ -110,14 +110,17 @@ def legend_rank(kind: str, name: str) -> tuple[int, str]:
     return (order.index(n), n) if n in order else (len(order), n)
 
 
-def place_title(fig: go.Figure) -> go.Figure:
-    """Put `fig`'s title just above its plot area (anchored at the plot's top, margin grown to fit it), below the
-    strip where plotly draws its toolbar, so a long title never runs under the toolbar. Returns `fig`."""
+def place_title(fig: go.Figure, gap: int = 10) -> go.Figure:
+    """Put `fig`'s title just above its plot area (anchored at the plot's top, `gap` px above it, margin grown to fit
+    it), below the strip where plotly draws its toolbar, so a long title never runs under the toolbar. Subplot
+    figures pass a `gap` that clears their subplot titles (~30 px). Returns `fig`."""
     if not isinstance(fig, go.Figure | go.FigureWidget):
         raise TypeError(f"fig must be a plotly Figure, got {type(fig).__name__}")
+    if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
+        raise ValueError(f"gap must be an int >= 0 (pixels), got {gap!r}")
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 60
     fig.update_layout(
-        title={"yref": "paper", "y": 1, "yanchor": "bottom", "pad": {"b": 10}, "automargin": True},
-        margin={"t": max(int(top), 40) + 28},
+        title={"yref": "paper", "y": 1, "yanchor": "bottom", "pad": {"b": gap}, "automargin": True},
+        margin={"t": max(int(top), 40) + 18 + gap},
     )
     return fig

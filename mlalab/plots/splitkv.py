@@ -9,6 +9,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from ..plan import EmulationResult, WorkPlan
+from .palette import place_title
 
 __all__ = [
     "work_map_figure",
@@ -91,7 +92,7 @@ def work_map_figure(plan: WorkPlan, *, title: str | None = None) -> go.Figure:
         height=260 + 22 * n_slots,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    return fig
+    return place_title(fig)
 
 
 def cu_load_figure(plan: WorkPlan) -> go.Figure:
@@ -119,7 +120,7 @@ def cu_load_figure(plan: WorkPlan) -> go.Figure:
         bargap=0.05,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    return fig
+    return place_title(fig)
 
 
 def reduce_groups_figure(plan: WorkPlan) -> go.Figure:
@@ -156,7 +157,7 @@ def reduce_groups_figure(plan: WorkPlan) -> go.Figure:
         height=300,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    return fig
+    return place_title(fig)
 
 
 def gantt_figure(plan: WorkPlan, *, overhead: int = 64, title: str | None = None) -> go.Figure:
@@ -200,7 +201,7 @@ def gantt_figure(plan: WorkPlan, *, overhead: int = 64, title: str | None = None
         margin={"l": 60, "r": 20, "t": 70, "b": 50},
         legend={"font": {"size": 10}},
     )
-    return fig
+    return place_title(fig)
 
 
 def targets_figure(plans: dict[str, WorkPlan], *, overhead: int = 64) -> go.Figure:
@@ -233,7 +234,7 @@ def targets_figure(plans: dict[str, WorkPlan], *, overhead: int = 64) -> go.Figu
         margin={"l": 60, "r": 20, "t": 90, "b": 50},
         title={"text": "The same batch on each GPU (bars: modelled cost per busy CU)", "y": 0.98},
     )
-    return fig
+    return place_title(fig, gap=52)  # (above the two-line subplot titles)
 
 
 def step_through_figure(
@@ -320,7 +321,7 @@ def step_through_figure(
         height=380,
         margin={"l": 50, "r": 20, "t": 80, "b": 90},
     )
-    return fig
+    return place_title(fig, gap=34)  # (above the subplot titles)
 
 
 def coverage_figure(plan: WorkPlan, kv_indptr: torch.Tensor, findings: list | None = None) -> go.Figure:
@@ -368,7 +369,7 @@ def coverage_figure(plan: WorkPlan, kv_indptr: torch.Tensor, findings: list | No
         yaxis={"title": "request", "autorange": "reversed"},
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    return fig
+    return place_title(fig)
 
 
 def model_vs_measured_figure(df: pd.DataFrame) -> go.Figure:
@@ -400,4 +401,4 @@ def model_vs_measured_figure(df: pd.DataFrame) -> go.Figure:
         height=420,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    return fig
+    return place_title(fig)

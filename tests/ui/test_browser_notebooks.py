@@ -74,7 +74,8 @@ LAYOUT = """(nbsel) => { const res = {overflow: [], overlaps: [], colours: [], t
   const backends = ['triton', 'flashmla', 'flashinfer', 'reference-torch', 'aiter', 'emulated'];
   for (const area of document.querySelectorAll(nbsel + ' .jp-OutputArea-output')) {
     for (const el of area.querySelectorAll('div, table, span, p, pre, code, label')) {
-      if (el.closest('.js-plotly-plot, .noUi-target') || el.clientWidth === 0) continue;  // (slider handles stick out)
+      // (a slider's handle sticks out of its track by design)
+      if (el.closest('.js-plotly-plot, .noUi-target, .slider-container') || el.clientWidth === 0) continue;
       const ox = getComputedStyle(el).overflowX;
       if (el.scrollWidth > el.clientWidth + 1 && !['auto', 'scroll'].includes(ox))
         res.overflow.push(`${el.tagName}.${el.className}`.slice(0, 80) + ` ${el.scrollWidth}>${el.clientWidth}: `
