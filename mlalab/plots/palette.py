@@ -32,6 +32,10 @@ PALETTE: dict[str, dict[str, str]] = {
         "bf16": "#4c78a8",
         "a16w8": "#72b7b2",
         "a8w8": "#f58518",
+        "a16w4-mxfp4": "#54a24b",
+        "a8w4-mxfp4": "#2e6b2a",
+        "a16w4-nvfp4": "#d67195",
+        "a8w4-nvfp4": "#9e3d64",
     },
     "scheme": {
         # KV storage formats (mlalab.traffic.KV_STORAGE)
@@ -67,8 +71,11 @@ KINDS = tuple(PALETTE)
 
 #: Where a figure colours by backend, the precision shows as a bar pattern / a line dash (a8w8 plain), so one
 #: backend at two precisions stays two distinguishable series.
-PRECISION_PATTERN: dict[str, str] = {"a8w8": "", "a16w8": "/", "bf16": "."}
-PRECISION_DASH: dict[str, str] = {"a8w8": "solid", "a16w8": "dash", "bf16": "dot"}
+PRECISION_PATTERN: dict[str, str] = {"a8w8": "", "a16w8": "/", "bf16": ".", "a16w4-mxfp4": "x", "a8w4-mxfp4": "+",
+                                     "a16w4-nvfp4": "-", "a8w4-nvfp4": "|"}  # fmt: skip
+PRECISION_DASH: dict[str, str] = {"a8w8": "solid", "a16w8": "dash", "bf16": "dot", "a16w4-mxfp4": "dashdot",
+                                  "a8w4-mxfp4": "longdash", "a16w4-nvfp4": "longdashdot",
+                                  "a8w4-nvfp4": "5px,2px"}  # fmt: skip
 
 # colours for names outside the table, picked by a hash of the name (stable across runs and selections)
 _SPARE = ("#17becf", "#bcbd22", "#e377c2", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
