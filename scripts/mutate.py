@@ -85,11 +85,17 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "mlalab/plan/planners.py": (
         ("intra_batch_splits", "plan_intra_batch", "plan_fast", "plan_cost_heap", "_fill", "plan_balanced",
          "plan_simple"),
-        ("tests/test_splitkv_plan.py", "tests/test_splitkv_emulate.py", "tests/test_aiter_plan.py"),
+        ("tests/test_splitkv_invariants.py", "tests/test_splitkv_plan.py", "tests/test_splitkv_emulate.py",
+         "tests/test_aiter_plan.py"),
     ),
     "mlalab/plan/workplan.py": (
         ("WorkPlan.validate", "WorkPlan.cu_loads", "WorkPlan.work_tokens", "WorkPlan._tokens_before"),
-        ("tests/test_splitkv_plan.py", "tests/test_splitkv_emulate.py", "tests/test_aiter_plan.py"),
+        ("tests/test_splitkv_invariants.py", "tests/test_splitkv_plan.py", "tests/test_splitkv_emulate.py",
+         "tests/test_aiter_plan.py"),
+    ),
+    "mlalab/plan/invariants.py": (
+        ("check_metadata",),
+        ("tests/test_splitkv_invariants.py", "tests/test_splitkv_doctor.py", "tests/test_splitkv_plan.py"),
     ),
     "mlalab/accuracy.py": (
         ("mismatch_fraction", "output_metrics"),
@@ -103,7 +109,13 @@ GROUPS = {
     "reference": ("mlalab/reference.py",),
     "traffic": ("mlalab/traffic.py",),
     "timing": ("mlalab/timing.py",),
-    "plan": ("mlalab/plan/merge.py", "mlalab/plan/emulate.py", "mlalab/plan/planners.py", "mlalab/plan/workplan.py"),
+    "plan": (
+        "mlalab/plan/merge.py",
+        "mlalab/plan/emulate.py",
+        "mlalab/plan/planners.py",
+        "mlalab/plan/workplan.py",
+        "mlalab/plan/invariants.py",
+    ),
     "accuracy": ("mlalab/accuracy.py",),
 }
 
