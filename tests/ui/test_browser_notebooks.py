@@ -62,7 +62,7 @@ MOVES: dict[str, tuple[Move, ...]] = {
     "01_": (Move("slider", key="ArrowLeft", presses=4), Move("dropdown", index=1, option=4)),  # batch; KV storage
     "02_": (Move("slider", key="ArrowLeft"), Move("dropdown", index=4)),  # batch 4 -> 3, then the fp8 flavour
     "03_": (Move("slider", key="ArrowRight"),),  # batch: the plan and its work map change
-    "04_": (Move("dropdown", index=0), Move("dropdown", index=2, option=0)),  # precision; the oldest run (file)
+    "04_": (Move("dropdown", index=0), Move("dropdown", index=3, option=0)),  # precision; the oldest run (file)
 }
 
 # Layout of every output area of the visible notebook: elements wider than their box that do not scroll
