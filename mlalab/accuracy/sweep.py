@@ -83,15 +83,15 @@ def sweep(
     failed = 0
     if todo:
         tasks = grid.tasks(todo, chunk_rows)
-        bar = None
-        if progress or (progress is None and len(grid) > 8):
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(grid), initial=len(done), desc="accuracy sweep", unit="row", leave=False)
         with open_runner(executor) as runner:
             say(f"executor: {runner.describe()}; {len(tasks)} tasks, device {dev}")
             if runner.dashboard_link:
                 say(f"Dask dashboard: {runner.dashboard_link}")
+            bar = None
+            if progress or (progress is None and len(grid) > 8):
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=len(grid), initial=len(done), desc="accuracy sweep", unit="row", leave=False)
             try:
                 for task, res in runner.run(tasks, grid.tolerances, dev):
                     recs = _records(task, res)
@@ -183,7 +183,8 @@ def device_agreement(
     progress: bool | None = None,
 ) -> pd.DataFrame:
     """Each case's rows evaluated serially on the CPU and on `device`, timed (a warm-up on `device` first) and
-    compared: one row per case with rows, seconds and rows/s on each side, the speed-up, the largest relative
+    compared: one row per case with rows, seconds and rows/s on each side, the speed-up, the device's fp64 decode
+    rate (GFLOP/s, to scale a study's `Grid.fp64_gflop` into hours), the largest relative
     difference of any result column (must be <= AGREEMENT_RTOL) and where it is. Written to `out` if given."""
     dest = check_output_path(out) if out is not None else None
     dev = str(check_device(device))
@@ -217,6 +218,7 @@ def device_agreement(
                 "cpu_rows_per_s": len(a) / ta,
                 "device_rows_per_s": len(b) / tb,
                 "speedup": ta / tb,
+                "device_fp64_gflop_per_s": Grid(c, q_schemes, kv_schemes, fp8_formats, tolerances).fp64_gflop() / tb,
                 "max_rel_diff": float(cmp.max_rel_diff.max()),
                 "worst_column": worst.worst_column,
                 "text_columns_equal": bool(cmp.text_equal.all()),
