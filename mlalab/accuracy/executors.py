@@ -148,8 +148,11 @@ def _count(text: str, what: str) -> int:
     return int(text)
 
 
-def open_runner(executor: object = "serial", *, connect_timeout: float = CONNECT_TIMEOUT_S) -> Runner:
-    """Start (or connect to) the executor named by `executor`; see the module docstring for the names."""
+def open_runner(executor: object = "serial", *, connect_timeout: float | None = None) -> Runner:
+    """Start (or connect to) the executor named by `executor`; see the module docstring for the names. A scheduler
+    address that does not answer within `connect_timeout` seconds (default CONNECT_TIMEOUT_S) is a ConnectionError."""
+    if connect_timeout is None:
+        connect_timeout = CONNECT_TIMEOUT_S
     if isinstance(executor, str):
         spec = executor.strip()
         if spec in ("", "serial"):
