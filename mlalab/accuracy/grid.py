@@ -113,6 +113,7 @@ class Grid:
         self.cases, self.fp8_formats = cs, fmts
         self.q_schemes, self.kv_schemes = self._q[fmts[0]], self._kv[fmts[0]]
         self.tolerances = check_tolerances(tolerances)
+        self.version = __version__  # part of every key
         self.rows: tuple[GridRow, ...] = tuple(
             GridRow(c, f, k, q) for c in cs for f in fmts for k in self._kv[f] for q in self._q[f]
         )
@@ -130,7 +131,7 @@ class Grid:
             "kv_scheme": row.kv_scheme,
             "q_scheme": row.q_scheme,
             "tolerances": [list(t) for t in self.tolerances],
-            "mlalab": __version__,
+            "mlalab": self.version,
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import pandas as pd
 
-from .. import __version__
 from ..io import atomic_write
 from .grid import Grid
 
@@ -80,7 +79,7 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
         raise ValueError(f"path must end in .csv or .parquet, got {p.name!r}")
     if not p.is_file():
         raise FileNotFoundError(f"no table at {str(p)!r}")
-    df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p, float_precision="round_trip")
+    df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
     return _normalise(df)
 
 
@@ -90,7 +89,7 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     if "kv_lens" in df:
         df["kv_lens"] = df["kv_lens"].astype(str)
     if "error" in df:
-        df["error"] = df["error"].fillna("").astype(str)
+        df["error"] = ["" if pd.isna(e) else str(e) for e in df["error"]]
     return df
 
 
@@ -137,9 +136,9 @@ class ResultStore:
         foreign = df[[self.grid.index(k) is None for k in df.row_key.astype(str)]]
         if len(foreign):
             versions = sorted(set(foreign.get("mlalab_version", pd.Series(dtype=str)).dropna().astype(str)))
-            other = [v for v in versions if v != __version__]
+            other = [v for v in versions if v != self.grid.version]
             why = (
-                f"written by mlalab {', '.join(other)} (this is {__version__})"
+                f"written by mlalab {', '.join(other)} (this is {self.grid.version})"
                 if other
                 else "from a different grid (other cases, schemes, formats or tolerances)"
             )
