@@ -1,12 +1,15 @@
-"""Notebook 02 panel: case, input distribution, fp8 flavour, Q scheme, KV schemes and tolerance -> metrics table,
-SQNR heatmap (every Q scheme × the chosen KV schemes), error histograms and value histograms with fp8 bands.
+"""Notebook 02 panel: case, input distribution, fp8 flavour, Q scheme, KV schemes and tolerance -> metrics table
+(HTML, scrolls sideways), SQNR heatmap (every Q scheme × the chosen KV schemes) with a note when the Q schemes tie
+and a button for inputs that separate them, error histograms and value histograms with fp8 bands.
 
 Results are cached per (case, format, scheme), so changing only the tolerance or the selection redraws at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,13 +21,15 @@ import torch
 from ..accuracy import DEFAULT_TOLERANCES, Prepared, decode_q_variants, evaluate_prepared, mismatch_key, prepare
 from ..checks import TooLargeError
 from ..config import DecodeCase, InputDist
-from ..plots.accuracy import TABLE_COLUMNS, error_histogram, metrics_table, sqnr_heatmap, value_histogram
+from ..plots.accuracy import TABLE_COLUMNS, error_histogram, metrics_table_html, sqnr_heatmap, value_histogram
 from ..quant import FP8_FORMATS, KV_SCHEMES, Q_SCHEMES, Fp8Scheme, concrete_names, get_kv_scheme, get_q_scheme
 
 __all__ = ["AccuracyPanel", "accuracy_panel"]
 
 STATIC = "fp8-static"  # the widget's label for fp8-static:<amax>, with the amax from its own box
 PROGRESS_ABOVE_TOKENS = 8192  # bigger cases show a progress bar
+TIE_DB = 1.0  # Q schemes whose SQNR differs by less than this (per KV scheme) are said to tie
+SEPARATING_INPUT = ("heavy-tail", 1.0)  # (distribution, std) where the Q schemes' errors differ by several dB
 _STD_OPTIONS = [
     ("distribution default", 0.0),
     ("0.002", 0.002),
@@ -62,7 +67,9 @@ class AccuracyPanel:
     message: W.HTML
     status: W.HTML
     progress: W.IntProgress
-    table: go.FigureWidget
+    table: W.HTML
+    tie_note: W.HTML
+    separate: W.Button
     heatmap: go.FigureWidget
     errors: go.FigureWidget
     q_values: go.FigureWidget
@@ -74,6 +81,17 @@ class AccuracyPanel:
     _kv: dict[Any, torch.Tensor] = field(default_factory=dict)
     _rec: dict[Any, dict[str, Any]] = field(default_factory=dict)
     _qstats: dict[Any, dict[str, float]] = field(default_factory=dict)
+
+    _held: bool = False
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Change several controls without an update after each (call `update` afterwards)."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
 
     def _name(self, n: str) -> str:
         return f"fp8-static:{float(self.static_amax.value):g}" if n == STATIC else n
@@ -129,6 +147,8 @@ class AccuracyPanel:
         return [self._rec[(q, kv, fmt)] for q in qs]
 
     def update(self, *_: object) -> None:
+        if self._held:
+            return
         t0 = time.perf_counter()
         try:
             case = self.case()
@@ -159,10 +179,11 @@ class AccuracyPanel:
                 mismatch_key(rt, at, "zeros_"),
                 mismatch_key(rt, at, "meanv_"),
             ]
-            _replace(
-                self.table, metrics_table(chosen, cols, title=f"Q scheme {q_sel}, mismatch at rtol={rt:g}, atol={at:g}")
+            self.table.value = metrics_table_html(
+                chosen, cols, title=f"Q scheme {q_sel}, mismatch at rtol={rt:g}, atol={at:g}"
             )
             _replace(self.heatmap, sqnr_heatmap(df))
+            self.tie_note.value = q_tie_note(df, case)
             errs = {
                 f"{r['q_scheme']} + {r['kv_scheme']}": r["_err"]
                 for r in recs
@@ -197,6 +218,27 @@ class AccuracyPanel:
         ks = get_kv_scheme(kv_fp8, fmt)
         assert isinstance(ks, Fp8Scheme)
         _replace(self.kv_values, value_histogram(ks.scaled_values(p.kv), fmt, title=f"kv / scale ({kv_fp8})"))
+
+
+def q_tie_note(df: pd.DataFrame, case: DecodeCase) -> str:
+    """Why every Q-scheme row of the heatmap can be the same: computed from the records shown. Empty when the Q
+    schemes differ by TIE_DB or more for some KV scheme."""
+    if not isinstance(df, pd.DataFrame) or not {"q_scheme", "kv_scheme", "sqnr_db"} <= set(df):
+        raise ValueError("df must be the panel's records (q_scheme, kv_scheme, sqnr_db columns)")
+    piv = df.pivot_table(index="q_scheme", columns="kv_scheme", values="sqnr_db", aggfunc="mean")
+    spread = (piv.max() - piv.min()).dropna()
+    if spread.empty or float(spread.max()) >= TIE_DB:
+        return ""
+    dist, std = SEPARATING_INPUT
+    bf16 = piv.loc["bf16", "bf16"] if "bf16" in piv.index and "bf16" in piv.columns else None
+    out_round = f" (for bf16 KV, only the bf16 rounding of the output is left: {bf16:.1f} dB)" if bf16 else ""
+    return (
+        f"<b>Why every Q scheme gives the same SQNR here</b> (they differ by at most {float(spread.max()):.2f} dB per "
+        f"KV scheme): with inputs of std {case.std:g} the scores q·k are tiny, so attention is nearly uniform and the "
+        "small error that quantizing q adds to the scores barely moves the output. The error you see is the KV "
+        f"scheme's{out_round}. With std-1 inputs attention is peaked and q's error shows; with heavy-tailed inputs "
+        f"the scaling granularities differ too. The button below switches to {dist}, std {std:g}."
+    )
 
 
 def accuracy_panel(
@@ -244,11 +286,27 @@ def accuracy_panel(
     )
     msg, status = W.HTML(), W.HTML()
     prog = W.IntProgress(value=0, min=0, max=1, description="computing", layout=W.Layout(visibility="hidden"))
-    figs = [go.FigureWidget() for _ in range(5)]
-    controls = W.HBox([W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol])])
-    box = W.VBox([controls, prog, msg, status, figs[0], figs[1], figs[2], W.HBox([figs[3], figs[4]])])
-    panel = AccuracyPanel(b, L, ql, d, sd, f, q, kv, amax, tol, msg, status, prog, *figs, box)
+    table = W.HTML(layout=W.Layout(width="100%", overflow="auto"))
+    note = W.HTML(layout=W.Layout(width="100%"))
+    dist_sep, std_sep = SEPARATING_INPUT
+    sep = W.Button(
+        description=f"inputs that separate Q schemes ({dist_sep}, std {std_sep:g})",
+        layout=W.Layout(width="auto"),
+        tooltip="switch the input distribution and std to where quantizing q changes the output visibly",
+    )
+    figs = [go.FigureWidget() for _ in range(4)]
+    controls = W.HBox([W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol])], layout=W.Layout(flex_flow="row wrap"))
+    # one column: every figure gets the notebook's full width (nothing clipped at 1280 px)
+    box = W.VBox([controls, prog, msg, status, table, figs[0], note, sep, *figs[1:]], layout=W.Layout(width="100%"))
+    panel = AccuracyPanel(b, L, ql, d, sd, f, q, kv, amax, tol, msg, status, prog, table, note, sep, *figs, box)
     for w in (b, L, ql, d, sd, f, q, kv, amax, tol):
         w.observe(panel.update, names="value")
+
+    def separate(_: object) -> None:
+        with panel.hold():
+            d.value, sd.value = dist_sep, std_sep
+        panel.update()
+
+    sep.on_click(separate)
     panel.update()
     return panel
