@@ -24,7 +24,15 @@ from .metrics import (
     output_metrics,
     prepare,
 )
-from .store import ForeignOutputError, ResultStore, check_output_path, read_table, save_table
+from .store import (
+    ForeignOutputError,
+    ResultStore,
+    check_output_path,
+    read_table,
+    recorded_studies,
+    recorded_study,
+    save_table,
+)
 from .sweep import AGREEMENT_RTOL, compare_tables, device_agreement, sweep
 
 __all__ = [
@@ -53,6 +61,8 @@ __all__ = [
     "parse_shapes",
     "prepare",
     "read_table",
+    "recorded_studies",
+    "recorded_study",
     "run_task",
     "save_table",
     "sweep",

@@ -23,7 +23,16 @@ import pandas as pd
 from ..io import atomic_write
 from .grid import Grid
 
-__all__ = ["save_table", "read_table", "check_output_path", "ResultStore", "ForeignOutputError", "TABLE_SUFFIXES"]
+__all__ = [
+    "save_table",
+    "read_table",
+    "recorded_study",
+    "recorded_studies",
+    "check_output_path",
+    "ResultStore",
+    "ForeignOutputError",
+    "TABLE_SUFFIXES",
+]
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 
@@ -81,6 +90,31 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
         raise FileNotFoundError(f"no table at {str(p)!r}")
     df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
     return _normalise(df)
+
+
+def recorded_studies(data_root: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The accuracy tables recorded in ``data/`` as data/INDEX.csv lists them: file name -> the question it answers."""
+    import csv
+
+    from ..records import DATA_ROOT
+
+    index = Path(data_root or DATA_ROOT) / "INDEX.csv"
+    with open(index, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["kind"] == "accuracy"]
+    return {Path(r["file"]).name: r["question"] for r in rows}
+
+
+def recorded_study(name: str, data_root: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """The recorded accuracy table `name` (a file of data/accuracy/ that data/INDEX.csv lists), read with
+    `read_table`. The file's name and question are in ``df.attrs``."""
+    from ..records import DATA_ROOT
+
+    known = recorded_studies(data_root)
+    if not isinstance(name, str) or name not in known:
+        raise ValueError(f"name must be a recorded accuracy table; data/INDEX.csv lists: {', '.join(sorted(known))}")
+    df = read_table(Path(data_root or DATA_ROOT) / "accuracy" / name)
+    df.attrs.update({"file": name, "question": known[name]})
+    return df
 
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:

@@ -21,14 +21,23 @@ import torch
 from ..accuracy import DEFAULT_TOLERANCES, Prepared, decode_q_variants, evaluate_prepared, mismatch_key, prepare
 from ..checks import TooLargeError
 from ..config import DecodeCase, InputDist
-from ..plots.accuracy import TABLE_COLUMNS, error_histogram, metrics_table_html, sqnr_heatmap, value_histogram
+from ..plots.accuracy import (
+    STUDY_DIMENSIONS,
+    TABLE_COLUMNS,
+    error_histogram,
+    error_vs_kv_len,
+    metrics_table_html,
+    sqnr_heatmap,
+    value_histogram,
+)
 from ..quant import FP8_FORMATS, KV_SCHEMES, Q_SCHEMES, Fp8Scheme, concrete_names, get_kv_scheme, get_q_scheme
 
-__all__ = ["AccuracyPanel", "accuracy_panel"]
+__all__ = ["AccuracyPanel", "accuracy_panel", "q_tie_note", "StudyPanel", "study_panel"]
 
 STATIC = "fp8-static"  # the widget's label for fp8-static:<amax>, with the amax from its own box
 PROGRESS_ABOVE_TOKENS = 8192  # bigger cases show a progress bar
 TIE_DB = 1.0  # Q schemes whose SQNR differs by less than this (per KV scheme) are said to tie
+ALL = "(all)"  # a study filter that keeps every value
 SEPARATING_INPUT = ("heavy-tail", 1.0)  # (distribution, std) where the Q schemes' errors differ by several dB
 _STD_OPTIONS = [
     ("distribution default", 0.0),
@@ -308,5 +317,83 @@ def accuracy_panel(
         panel.update()
 
     sep.on_click(separate)
+    panel.update()
+    return panel
+
+
+@dataclass
+class StudyPanel:
+    """Slices of a study table: a heatmap over two chosen dimensions (the others filtered or averaged) and the
+    chosen metric against kv_len with the spread over seeds."""
+
+    df: pd.DataFrame
+    rows: W.Dropdown
+    columns: W.Dropdown
+    value: W.Dropdown
+    filters: dict[str, W.Dropdown]
+    message: W.HTML
+    heatmap: go.FigureWidget
+    curves: go.FigureWidget
+    box: W.VBox
+
+    def selection(self) -> pd.DataFrame:
+        df = self.df[self.df.error == ""] if "error" in self.df else self.df
+        for col, w in self.filters.items():
+            if w.value != ALL:
+                df = df[df[col].astype(str) == str(w.value)]
+        return df
+
+    def update(self, *_: object) -> None:
+        try:
+            if self.rows.value == self.columns.value:
+                raise ValueError("pick two different dimensions for the heatmap's rows and columns")
+            sel = self.selection()
+            if sel.empty:
+                raise ValueError("no rows match these filters")
+            fixed = ", ".join(f"{c} {w.value}" for c, w in self.filters.items() if w.value != ALL) or "every row"
+            avg = [c for c in STUDY_DIMENSIONS if c in sel and c not in (self.rows.value, self.columns.value)]
+            avg = [c for c in avg if sel[c].nunique() > 1]
+            title = f"{self.value.value}: {self.rows.value} × {self.columns.value} ({fixed}"
+            title += f"; mean over {', '.join(avg)})" if avg else ")"
+            _replace(
+                self.heatmap,
+                sqnr_heatmap(sel, self.value.value, rows=self.rows.value, columns=self.columns.value, title=title),
+            )
+            _replace(self.curves, error_vs_kv_len(sel, self.value.value, color="kv_scheme"))
+            self.message.value = f"{len(sel)} rows of {len(self.df)} selected ({fixed})."
+        except ValueError as e:
+            self.message.value = f"<span style='color:#b00'>⚠ {e}</span>"
+
+
+
+def study_panel(df: pd.DataFrame, *, value: str = "sqnr_db", **fixed: object) -> StudyPanel:
+    """Build the study panel on a sweep table (`mlalab.accuracy.read_table` / `recorded_study`); `fixed` preselects
+    filters, e.g. ``q_scheme="fp8-tensor"``. Display ``panel.box``."""
+    if not isinstance(df, pd.DataFrame) or not {"q_scheme", "kv_scheme", "kv_len", value} <= set(df):
+        raise ValueError(f"df must be a sweep table with q_scheme, kv_scheme, kv_len and {value!r} columns")
+    dims = [c for c in STUDY_DIMENSIONS if c in df]
+    style, lay = {"description_width": "110px"}, W.Layout(width="300px")
+    metrics = [c for c in ("sqnr_db", "rel_l2", "max_abs_over_ref_rms", "worst_row_cosine") if c in df]
+    rows = W.Dropdown(options=dims, value="kv_scheme", description="heatmap rows", style=style, layout=lay)
+    cols = W.Dropdown(
+        options=dims, value="dist" if "dist" in dims else "q_scheme", description="columns", style=style, layout=lay
+    )
+    val = W.Dropdown(options=metrics, value=value, description="metric", style=style, layout=lay)
+    filters = {}
+    for c in dims:
+        opts = [ALL, *sorted(df[c].astype(str).unique(), key=lambda v: (len(v), v))]
+        pick = str(fixed.get(c, ALL))
+        if pick not in opts:
+            raise ValueError(f"{c}={fixed.get(c)!r} is not in the table; it holds {opts[1:]}")
+        filters[c] = W.Dropdown(options=opts, value=pick, description=c, style=style, layout=lay)
+    msg = W.HTML()
+    figs = [go.FigureWidget(), go.FigureWidget()]
+    controls = W.HBox(
+        [W.VBox([rows, cols, val]), W.VBox(list(filters.values()))], layout=W.Layout(flex_flow="row wrap")
+    )
+    box = W.VBox([controls, msg, *figs], layout=W.Layout(width="100%"))
+    panel = StudyPanel(df, rows, cols, val, filters, msg, *figs, box)
+    for w in (rows, cols, val, *filters.values()):
+        w.observe(panel.update, names="value")
     panel.update()
     return panel
