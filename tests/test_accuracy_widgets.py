@@ -124,3 +124,30 @@ def test_figures_keep_titles_clear_of_the_toolbar_and_labels_apart() -> None:
     )
     fig = error_vs_kv_len(study)
     assert list(fig.data[0].y) == [2.0, 3.0] and list(fig.data[1].y) == [3.0, 4.0, 2.0, 1.0]  # mean, min-max band
+
+
+def test_study_panel_slices_a_sweep_table() -> None:
+    from mlalab.accuracy import sweep
+    from mlalab.config import DecodeCase
+    from mlalab.widgets.accuracy import study_panel
+
+    cases = [
+        DecodeCase.uniform(1, L, seed=s, dist=d) for d in ("competition", "unit") for L in (32, 64) for s in (0, 1)
+    ]
+    df = sweep(cases, ["bf16", "fp8-tensor"], ["bf16", "nvfp4"], progress=False)
+    sp = study_panel(df, q_scheme="fp8-tensor")
+    hm = sp.heatmap.data[0]
+    assert list(hm.y) == ["bf16", "nvfp4"] and list(hm.x) == ["competition", "unit"]  # KV scheme x distribution
+    assert "mean over kv_len, seed" in sp.heatmap.layout.title.text
+    assert sp.message.value.startswith("16 rows of 32")
+    # each cell is the mean over kv_len and seeds of the selected rows
+    sel = df[(df.q_scheme == "fp8-tensor") & (df.kv_scheme == "nvfp4") & (df.dist == "unit")]
+    assert hm.z[1][1] == pytest.approx(sel.sqnr_db.mean())
+    assert len(sp.curves.data) == 4  # per KV scheme: the mean line and the seed band
+    sp.columns.value = "kv_scheme"
+    assert "⚠" in sp.message.value and "two different" in sp.message.value
+    sp.columns.value = "kv_len"
+    sp.filters["dist"].value = "unit"
+    assert list(sp.heatmap.data[0].x) == [32, 64] and sp.message.value.startswith("8 rows")
+    with pytest.raises(ValueError, match="not in the table"):
+        study_panel(df, q_scheme="fp9")
