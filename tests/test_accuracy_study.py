@@ -103,6 +103,7 @@ def test_resume_skips_finished_rows_and_retries_failed_ones(tmp_path: Path, seri
         "skipped": 8,
         "computed": 8,
         "failed": 0,
+        "left": 0,
         "seconds": 0,
         "run_id": 0,
     }
@@ -113,6 +114,19 @@ def test_resume_skips_finished_rows_and_retries_failed_ones(tmp_path: Path, seri
     assert not (tmp_path / "s.csv.parts").exists()
     again = sweep(CASES, QS, KVS, progress=False, out=out)
     assert again.attrs["sweep"]["computed"] == 0 and again.attrs["sweep"]["skipped"] == 16
+
+
+def test_a_time_limit_stops_cleanly_and_the_next_run_goes_on(tmp_path: Path, serial: pd.DataFrame) -> None:
+    out = tmp_path / "t.csv"
+    rc = cli(["sweep", "--batch", "1", "--kv-len", "32", "--seed", "0,1,2,3", "--q-schemes", ",".join(QS)]
+             + ["--kv-schemes", ",".join(KVS), "--no-progress", "--time-limit", "1e-9", "--out", str(out)])  # fmt: skip
+    first = read_table(out)  # the whole table written, no chunks left behind
+    assert rc == 3 and len(first) == 4 and not (tmp_path / "t.csv.parts").exists()
+    df = sweep(CASES, QS, KVS, progress=False, out=out)
+    assert df.attrs["sweep"]["skipped"] == 4 and df.attrs["sweep"]["computed"] == 12
+    _same(df, serial)
+    with pytest.raises(ValueError, match="time_limit"):
+        sweep(CASES, QS, KVS, progress=False, time_limit=0)
 
 
 def test_a_failing_case_is_recorded_with_its_error_and_retried(tmp_path: Path) -> None:
@@ -129,6 +143,7 @@ def test_a_failing_case_is_recorded_with_its_error_and_retried(tmp_path: Path) -
         "skipped": 2,
         "computed": 0,
         "failed": 2,  # retried, failed again, still recorded
+        "left": 2,
         "seconds": 0,
         "run_id": 0,
     }

@@ -49,6 +49,7 @@ def sweep(
     overwrite: bool = False,
     chunk_rows: int | None = None,
     on_chunk: Callable[[int, int], None] | None = None,
+    time_limit: float | None = None,
     log: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """Every (case × fp8 format × KV scheme × Q scheme) as one row, in that order.
@@ -57,7 +58,8 @@ def sweep(
     `executor`: "serial" (default), "processes:N", "local:N" (a Dask LocalCluster), a Dask scheduler address or a
     `distributed.Client` (see `mlalab.accuracy.executors`). `chunk_rows`: most rows per task (default: one task per
     case). `progress` None shows a bar for grids over 8 rows. `on_chunk(done, total)` is called after each task;
-    `log` receives one-line notes (executor, resume, failures; default: none).
+    `log` receives one-line notes (executor, resume, failures; default: none). `time_limit` (seconds): take no
+    new task's results after it and stop; the rows done so far are written (a bounded call, e.g. on a lent GPU).
 
     With `out` (.csv or .parquet): rows already there are skipped, each finished task is appended atomically to
     ``<out>.parts/`` and the whole table is written to `out` at the end; a row whose evaluation raised is kept
@@ -66,6 +68,8 @@ def sweep(
     ``eval_seconds`` and ``device``. ``df.attrs["sweep"]`` says how many rows were skipped, computed and failed.
     """
     say = log or (lambda _m: None)
+    if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise ValueError(f"time_limit must be a positive number of seconds or None, got {time_limit!r}")
     grid = Grid(cases, q_schemes, kv_schemes, fp8_formats, tolerances)  # validates every name first
     spec = executor.strip() if isinstance(executor, str) else ""
     local = isinstance(executor, str) and (spec in ("", "serial") or spec.startswith("processes"))
@@ -105,6 +109,9 @@ def sweep(
                         bar.update(len(recs))
                     if on_chunk is not None:
                         on_chunk(len(done) + len(new), len(grid))
+                    if time_limit is not None and time.perf_counter() - t0 > time_limit:
+                        say(f"time limit of {time_limit:g} s reached: stopping; the rows done so far are kept")
+                        break
             finally:
                 if bar is not None:
                     bar.close()
@@ -118,6 +125,9 @@ def sweep(
         df = df.drop(columns=["_ok", "_pos", "_order"]).reset_index(drop=True)
     if store is not None and new:
         store.finish(df)
+    left = len(grid) - int((df.error == "").sum()) if len(df) else len(grid)
+    if left:
+        say(f"{left} rows not done yet (failed or not reached): run the same command again to compute them")
     if failed:
         say(f"{failed} rows failed (kept with their error; run the same command again to retry them)")
     df.attrs["sweep"] = {
@@ -125,6 +135,7 @@ def sweep(
         "skipped": len(done),
         "computed": len(new) - failed,
         "failed": failed,
+        "left": left,
         "seconds": time.perf_counter() - t0,
         "run_id": run_id,
     }

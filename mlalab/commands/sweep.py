@@ -70,6 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-rows", type=int, default=None, help="most rows per task (default: one task per case)")
     p.add_argument("--out", default=None, help="write the table here (.csv or .parquet); resumes when it exists")
     p.add_argument("--overwrite", action="store_true", help="replace --out instead of resuming it")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this long, keeping the rows done (exit code 3 while rows are left; re-run to continue)",
+    )
     p.add_argument("--estimate", action="store_true", help="print the study's size (rows, tasks, GFLOP) and stop")
     p.add_argument(
         "--agreement",
@@ -143,6 +150,7 @@ def run(a: argparse.Namespace) -> int:
             out=out,
             overwrite=a.overwrite,
             chunk_rows=a.chunk_rows,
+            time_limit=a.time_limit,
             log=lambda m: print(m, file=sys.stderr),
         )
     except ConnectionError as e:  # an unreachable scheduler: nothing was computed
@@ -150,8 +158,8 @@ def run(a: argparse.Namespace) -> int:
         return 2
     s = df.attrs["sweep"]
     summary = (
-        f"{s['rows']} rows: {s['skipped']} already done, {s['computed']} computed, {s['failed']} failed "
-        f"({s['seconds']:.1f} s)"
+        f"{s['rows']} rows: {s['skipped']} already done, {s['computed']} computed, {s['failed']} failed, "
+        f"{s['left']} left ({s['seconds']:.1f} s)"
     )
     if out is not None:
         print(f"{summary}; table: {out}")
@@ -159,4 +167,4 @@ def run(a: argparse.Namespace) -> int:
         cols = ["case", "fp8_format", "q_scheme", "kv_scheme", "rel_l2", "sqnr_db", "max_abs", "nan_count", "error"]
         print(df[[c for c in cols if c in df]].to_string(index=False))
         print(summary)
-    return 1 if s["failed"] else 0
+    return 1 if s["failed"] else (3 if s["left"] else 0)

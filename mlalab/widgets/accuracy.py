@@ -365,7 +365,6 @@ class StudyPanel:
             self.message.value = f"<span style='color:#b00'>⚠ {e}</span>"
 
 
-
 def study_panel(df: pd.DataFrame, *, value: str = "sqnr_db", **fixed: object) -> StudyPanel:
     """Build the study panel on a sweep table (`mlalab.accuracy.read_table` / `recorded_study`); `fixed` preselects
     filters, e.g. ``q_scheme="fp8-tensor"``. Display ``panel.box``."""
