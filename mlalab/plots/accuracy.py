@@ -86,9 +86,13 @@ def metrics_table_html(df: pd.DataFrame, columns: Sequence[str], *, title: str =
     missing = [c for c in columns if c not in df]
     if missing:
         raise ValueError(f"columns not in df: {missing}")
+
+    def head(c: str) -> str:  # break long names only after _ @ , (never inside a word)
+        return "".join(ch + "<wbr>" if ch in "_@," else ch for ch in html.escape(str(c)))
+
     th = "".join(
-        f"<th style='padding:2px 6px;text-align:left;vertical-align:bottom;max-width:9em;white-space:normal;"
-        f"overflow-wrap:anywhere;border-bottom:1px solid #999'>{html.escape(str(c))}</th>"
+        f"<th style='padding:2px 6px;text-align:left;vertical-align:bottom;max-width:8em;white-space:normal;"
+        f"border-bottom:1px solid #999'>{head(c)}</th>"
         for c in columns
     )
     body = "".join(
@@ -101,10 +105,10 @@ def metrics_table_html(df: pd.DataFrame, columns: Sequence[str], *, title: str =
         for _, row in df.iterrows()
     )
     cap = f"<div style='font-weight:bold;margin:4px 0'>{html.escape(title)}</div>" if title else ""
-    return (
-        f"{cap}<div class='mlalab-scroll' style='overflow-x:auto;max-width:100%'>"
+    return (  # width 0 + min-width 100%: as wide as the panel, never widening it; wider tables scroll
+        f"<div style='line-height:1.3'>{cap}<div class='mlalab-scroll' style='overflow-x:auto;width:0;min-width:100%'>"
         f"<table style='border-collapse:collapse;font-size:12px'><thead><tr>{th}</tr></thead>"
-        f"<tbody>{body}</tbody></table></div>"
+        f"<tbody>{body}</tbody></table></div></div>"
     )
 
 

@@ -295,8 +295,8 @@ def accuracy_panel(
     )
     msg, status = W.HTML(), W.HTML()
     prog = W.IntProgress(value=0, min=0, max=1, description="computing", layout=W.Layout(visibility="hidden"))
-    table = W.HTML(layout=W.Layout(width="100%", overflow="auto"))
-    note = W.HTML(layout=W.Layout(width="100%"))
+    table = W.HTML()
+    note = W.HTML()
     dist_sep, std_sep = SEPARATING_INPUT
     sep = W.Button(
         description=f"inputs that separate Q schemes ({dist_sep}, std {std_sep:g})",
@@ -306,7 +306,7 @@ def accuracy_panel(
     figs = [go.FigureWidget() for _ in range(4)]
     controls = W.HBox([W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol])], layout=W.Layout(flex_flow="row wrap"))
     # one column: every figure gets the notebook's full width (nothing clipped at 1280 px)
-    box = W.VBox([controls, prog, msg, status, table, figs[0], note, sep, *figs[1:]], layout=W.Layout(width="100%"))
+    box = W.VBox([controls, prog, msg, status, table, figs[0], note, sep, *figs[1:]])
     panel = AccuracyPanel(b, L, ql, d, sd, f, q, kv, amax, tol, msg, status, prog, table, note, sep, *figs, box)
     for w in (b, L, ql, d, sd, f, q, kv, amax, tol):
         w.observe(panel.update, names="value")
@@ -390,7 +390,7 @@ def study_panel(df: pd.DataFrame, *, value: str = "sqnr_db", **fixed: object) ->
     controls = W.HBox(
         [W.VBox([rows, cols, val]), W.VBox(list(filters.values()))], layout=W.Layout(flex_flow="row wrap")
     )
-    box = W.VBox([controls, msg, *figs], layout=W.Layout(width="100%"))
+    box = W.VBox([controls, msg, *figs])
     panel = StudyPanel(df, rows, cols, val, filters, msg, *figs, box)
     for w in (rows, cols, val, *filters.values()):
         w.observe(panel.update, names="value")

@@ -155,7 +155,12 @@ NB02_LAYOUT = """(el) => { const out = el.getBoundingClientRect(); const bad = [
   if (!sc) bad.push('no metrics table'); else {
     const ox = getComputedStyle(sc).overflowX;
     if (sc.scrollWidth > sc.clientWidth + 1 && !['auto', 'scroll'].includes(ox)) bad.push('metrics table cut');
-    if (sc.getBoundingClientRect().right > out.right + 1) bad.push('metrics table wider than the output');
+    const r = sc.getBoundingClientRect();
+    if (r.right > out.right + 1) {
+      const chain = []; for (let n = sc; n && n !== el; n = n.parentElement)
+        chain.push(`${n.className || n.tagName}:${Math.round(n.getBoundingClientRect().width)}`);
+      bad.push(`metrics table ends at ${r.right}px, past the output's ${out.right}px (${chain.join(' < ')})`);
+    }
   }
   return bad; }"""
 
