@@ -1,4 +1,4 @@
-"""Accuracy records: the headline numbers of research/quantization.md §3, baselines, sweep, save, CLI."""
+"""Accuracy records: the headline rel-L2 numbers (bf16 0.16 %, fp8 2.6 %, MXFP4 11 %), baselines, sweep, save, CLI."""
 
 from __future__ import annotations
 

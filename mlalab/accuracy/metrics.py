@@ -1,6 +1,6 @@
 """Accuracy of quantized MLA decode against the exact fp64 reference: one metrics record per configuration.
 
-Method (research/quantization.md §3): the reference is `decode_reference` in fp64 on the original bf16 inputs.
+Method: the reference is `decode_reference` in fp64 on the original bf16 inputs.
 A variant fake-quantizes Q and KV with the named schemes, runs the same fp64 decode on the dequantized values
 and rounds its output to bf16, as every kernel returns bf16. So the "bf16" variant measures output rounding
 alone (~0.16 % rel-L2), and everything else measures quantization plus that rounding.
