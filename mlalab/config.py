@@ -100,6 +100,8 @@ class DecodeCase:
         outlier_channels: how many of the 576 channels are outliers.
         page_size: KV page size (1 = token-granular, as aiter's persistent decode uses).
         permute_pages: shuffle the physical page order (exercises the page table).
+        pool_factor: the KV buffer holds this many times the pages the batch uses (a serving engine's pool); with
+            `permute_pages` the used pages are a random subset of it, the others stay zero.
     """
 
     kv_lens: tuple[int, ...]
@@ -111,6 +113,7 @@ class DecodeCase:
     outlier_channels: int = 8
     page_size: int = 1
     permute_pages: bool = False
+    pool_factor: int = 1
     config: MLAConfig = field(default=MLA)
 
     def __post_init__(self) -> None:
@@ -136,6 +139,8 @@ class DecodeCase:
             raise TypeError(f"DecodeCase.config must be an MLAConfig, got {type(self.config).__name__}")
         if not isinstance(self.permute_pages, bool):
             raise TypeError(f"DecodeCase.permute_pages must be a bool, got {self.permute_pages!r}")
+        if isinstance(self.pool_factor, bool) or not isinstance(self.pool_factor, int) or self.pool_factor < 1:
+            raise ValueError(f"DecodeCase.pool_factor must be an int >= 1, got {self.pool_factor!r}")
         if isinstance(self.outlier_channels, bool) or not isinstance(self.outlier_channels, int):
             raise TypeError(f"DecodeCase.outlier_channels must be an int, got {self.outlier_channels!r}")
         if not (0 <= self.outlier_channels <= self.config.qk_dim):

@@ -148,13 +148,16 @@ def ragged_kv_lens(
 
 
 def paged_layout(
-    kv_lens: tuple[int, ...] | list[int], page_size: int, *, permute: bool, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    kv_lens: tuple[int, ...] | list[int], page_size: int, *, permute: bool, generator: torch.Generator | None = None,
+    pool_factor: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:  # fmt: skip
     """Page table for `kv_lens`: returns (kv_indptr in pages, kv_indices, kv_last_page_len, num_pages).
 
     A request with 0 tokens gets 0 pages and last_page_len 0. With `permute` the physical pages are a random
-    permutation (so a correct reader must follow the table)."""
+    permutation (so a correct reader must follow the table); with `pool_factor` > 1 the buffer has that many times
+    the pages used, and the used ones are a random subset of them (the first ones without `permute`)."""
     check_int("page_size", page_size, minimum=1)
+    check_int("pool_factor", pool_factor, minimum=1)
     for i, n in enumerate(kv_lens):
         check_int(f"kv_lens[{i}]", n, minimum=0)
     n_pages = [(n + page_size - 1) // page_size for n in kv_lens]
@@ -162,11 +165,11 @@ def paged_layout(
     indptr[1:] = torch.cumsum(torch.tensor(n_pages, dtype=torch.int64), 0).to(torch.int32)
     total = int(indptr[-1])
     if permute:
-        indices = torch.randperm(total, generator=generator).to(torch.int32)
+        indices = torch.randperm(total * pool_factor, generator=generator)[:total].to(torch.int32)
     else:
         indices = torch.arange(total, dtype=torch.int32)
     last = torch.tensor([n - (p - 1) * page_size if p > 0 else 0 for n, p in zip(kv_lens, n_pages)], dtype=torch.int32)
-    return indptr, indices, last, total
+    return indptr, indices, last, total * pool_factor
 
 
 def kv_lens_from_layout(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -194,7 +197,8 @@ def make_inputs(case: DecodeCase, device: str | torch.device = "cpu") -> DecodeI
         raise TypeError(f"case must be a DecodeCase, got {type(case).__name__}")
     cfg = case.config
     n_tokens_padded = sum(-(-n // case.page_size) * case.page_size for n in case.kv_lens)
-    est = (case.total_kv + n_tokens_padded) * cfg.qk_dim * 2 + case.total_q * cfg.num_heads * cfg.qk_dim * 2
+    est = (case.total_kv + n_tokens_padded * case.pool_factor) * cfg.qk_dim * 2
+    est += case.total_q * cfg.num_heads * cfg.qk_dim * 2
     ensure_fits(est, f"make_inputs({case.short_str()})")
     g = torch.Generator().manual_seed(case.seed)
     kw = {"scale": case.scale, "outlier_magnitude": case.outlier_magnitude, "outlier_channels": case.outlier_channels}
@@ -203,7 +207,7 @@ def make_inputs(case: DecodeCase, device: str | torch.device = "cpu") -> DecodeI
     # gives the same logical q and KV for every page size.
     kv_tokens = sample((case.total_kv, 1, cfg.qk_dim), case.dist, g, **kw)
     indptr, indices, last, num_pages = paged_layout(
-        case.kv_lens, case.page_size, permute=case.permute_pages, generator=g
+        case.kv_lens, case.page_size, permute=case.permute_pages, generator=g, pool_factor=case.pool_factor
     )
     buf = torch.zeros((max(num_pages, 0), case.page_size, 1, cfg.qk_dim), dtype=kv_tokens.dtype)
     start = 0

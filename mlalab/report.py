@@ -1,16 +1,24 @@
 """A standalone HTML report of the key figures, for sharing results without Jupyter.
 
-The page embeds plotly.js once, inline, so it opens offline (file://, e-mail attachment). Every figure comes
-from the figure builders in ``mlalab.plots.<topic>`` — nothing is re-implemented here. A section whose data is
-missing says so in the page, with the reason, instead of showing a made-up figure.
+The page reads top to bottom: the recorded timings, every design experiment in one table and one figure (each
+experiment's own figure only with ``details``), the quantization accuracy, the bandwidth floor and a split-KV work
+map. It embeds plotly.js once, gzip-compressed inline (the browser unpacks it with ``DecompressionStream``), so it
+opens offline (file://, e-mail attachment) and stays under 2 MB. Every figure comes from the figure builders in
+``mlalab.plots.<topic>`` — nothing is re-implemented here. A section whose data is missing says so in the page,
+with the reason, instead of showing a made-up figure. The page names files relative to the repository (``data/...``),
+never a path of the machine that made it.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
+import gzip
 import html
+import json
 import os
 import platform
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +27,7 @@ from pathlib import Path
 
 import plotly
 import plotly.graph_objects as go
-import plotly.io as pio
+from plotly.utils import PlotlyJSONEncoder
 
 from . import __version__
 from .accuracy import sweep
@@ -28,7 +36,12 @@ from .io import natural_key
 from .plan import indptrs_for, make_plan
 from .plots.accuracy import sqnr_heatmap
 from .plots.basics import floor_by_target_figure
-from .plots.experiments import experiment_figure
+from .plots.experiments import (
+    experiment_figure,
+    experiment_questions,
+    experiment_summary,
+    experiments_summary_figure,
+)
 from .plots.splitkv import cu_load_figure, work_map_figure
 from .plots.timing import bandwidth_figure, bars_per_shape
 from .records.ab import list_experiments, load_experiment
@@ -42,7 +55,12 @@ __all__ = [
     "render_html",
     "write_report",
     "default_data_dir",
+    "SIZE_LIMIT_BYTES",
+    "DETAIL_SECTIONS",
 ]
+
+#: The page's size limit (checked by the tests): plotly.js compressed (~1.9 MB) plus the figures.
+SIZE_LIMIT_BYTES = 2_000_000
 
 
 def default_data_dir() -> Path:
@@ -62,6 +80,7 @@ class ReportOptions:
     seed: int = 0
     data_dir: Path = field(default_factory=default_data_dir)
     title: str = "mlalab report — DeepSeek-R1 MLA decode"
+    details: bool = False  # also each experiment's own figure (per shape, variant codes in the legend)
 
     def __post_init__(self) -> None:
         for name in ("kv_len", "batch"):
@@ -78,6 +97,8 @@ class ReportOptions:
             object.__setattr__(self, "data_dir", Path(self.data_dir))
         if not isinstance(self.title, str):
             raise TypeError(f"title must be a str, got {type(self.title).__name__}")
+        if not isinstance(self.details, bool):
+            raise TypeError(f"details must be a bool, got {type(self.details).__name__}")
 
 
 @dataclass(frozen=True)
@@ -90,10 +111,11 @@ class Section:
     figures: tuple[go.Figure, ...] = ()
     unavailable: str | None = None  # why the section has no figure (shown in the page)
     source: str = ""  # which builder made it, e.g. "mlalab.plots.basics.floor_by_target_figure"
+    table_html: str = ""  # a table shown above the figures (already escaped HTML)
 
     def __post_init__(self) -> None:
-        if not self.figures and not self.unavailable:
-            raise ValueError(f"section {self.key!r}: give figures or the reason they are unavailable")
+        if not self.figures and not self.unavailable and not self.table_html:
+            raise ValueError(f"section {self.key!r}: give figures, a table or the reason they are unavailable")
         for f in self.figures:
             if not isinstance(f, go.Figure):
                 raise TypeError(f"section {self.key!r}: figures must be plotly go.Figure, got {type(f).__name__}")
@@ -146,7 +168,8 @@ def section_workmap(opts: ReportOptions) -> Section:
     )
     qo, kv = indptrs_for([opts.kv_len] * opts.batch)
     plan = make_plan(opts.planner, qo, kv, opts.target.lower())
-    figs = (work_map_figure(plan), cu_load_figure(plan))
+    load = cu_load_figure(plan).update_layout(xaxis_title="compute unit (CU) running one persistent workgroup")
+    figs = (work_map_figure(plan), load)
     return Section(key, title, desc, figs, source="mlalab.plots.splitkv.work_map_figure, cu_load_figure")
 
 
@@ -157,11 +180,11 @@ TIMING_SERIES = (("triton", "a8w8"), ("flashmla", "a8w8"), ("flashinfer", "a16w8
 def section_timings(opts: ReportOptions) -> Section:
     key, title = "timings", "Kernel timings (recorded)"
     tdir = opts.data_dir / "timings"
-    desc = f"Recorded measurements from {tdir} (not measured now): µs per call per shape, and achieved bandwidth."
+    desc = "Recorded on the H200 (data/timings, not measured now): µs per call per shape, and achieved bandwidth."
     try:
         df = load_recorded(str(tdir))
     except FileNotFoundError as e:
-        return _unavailable(key, title, desc, f"no timing CSV: {e}")
+        return _unavailable(key, title, desc, f"no timing CSV in data/timings ({type(e).__name__})")
     try:  # one run (the newest full suite run), Triton at its default config: the numbers the README quotes
         view = recorded_view(df)
     except ValueError as e:
@@ -184,31 +207,66 @@ def section_timings(opts: ReportOptions) -> Section:
     return Section(key, title, desc, figs, source="mlalab.records.timings.recorded_view, mlalab.plots.timing")
 
 
-def section_experiments(opts: ReportOptions) -> Section:
-    key, title = "experiments", "Design experiments (recorded A/Bs)"
+def _experiment_tables(opts: ReportOptions) -> dict[str, object]:
     pdir = opts.data_dir / "ab"
-    desc = (
-        f"Kernel variants timed beside a peer in one process on the H200 (files in {pdir}, not measured now): each "
-        "variant's time over the peer's per shape, the legend with each geomean ratio. Compare ratios within one "
-        "figure; what each variant changed is in docs/journal.md."
+    return {n: load_experiment(n, str(pdir)) for n in list_experiments(str(pdir))}
+
+
+def _summary_table_html(summary: object) -> str:
+    head = ("<tr><th>date</th><th>what was asked</th><th>compared with</th><th>fastest variant</th>"
+            "<th>first variant</th><th>shapes</th></tr>")  # fmt: skip
+    rows = "".join(
+        f"<tr><td>{html.escape(str(r['date']))}</td><td>{html.escape(str(r['experiment']))}</td>"
+        f"<td>{html.escape(str(r['compared with']))}</td><td>{r['fastest ratio']:.3f}×</td>"
+        f"<td>{r['first ratio']:.3f}×</td><td>{int(r['shapes'])}</td></tr>"
+        for r in summary.to_dict("records")  # type: ignore[attr-defined]
     )
-    names = list_experiments(str(pdir))
-    if not names:
-        return _unavailable(key, title, desc, f"no A/B table (*.csv) in {pdir}")
-    figs = tuple(experiment_figure(load_experiment(n, str(pdir))) for n in names)
-    desc += f" Files: {', '.join(names)}."
+    return f"<div class='scroll'><table class='summary'>{head}{rows}</table></div>"
+
+
+def section_experiments(opts: ReportOptions) -> Section:
+    key, title = "experiments", "Design experiments (recorded A/Bs), in one table"
+    desc = (
+        "Each row: one question about the kernel, answered by timing variants of it beside a reference in one process "
+        "on the H200 (data/ab, not measured now). The ratios are time ÷ the reference's time, geomean over the shapes "
+        "timed (lower is faster); 'first variant' is usually the code of the day, 'fastest' the best variant tried. "
+        "What each variant changed and whether it was kept: docs/journal.md."
+    )
+    tables = _experiment_tables(opts)
+    if not tables:
+        return _unavailable(key, title, desc, "no A/B table (*.csv) in data/ab")
+    summary = experiment_summary(tables, experiment_questions(str(opts.data_dir / "INDEX.csv")))
+    fig = experiments_summary_figure(summary)
+    if not opts.details:
+        desc += " Each experiment's per-shape figure: `python -m mlalab report --details`, or notebook 04."
+    return Section(key, title, desc, (fig,), source="mlalab.plots.experiments.experiments_summary_figure",
+                   table_html=_summary_table_html(summary))  # fmt: skip
+
+
+def section_experiment_details(opts: ReportOptions) -> Section:
+    key, title = "experiment-details", "Design experiments, one figure each"
+    desc = "Per shape, each variant's time over the reference's; the legend gives each variant's geomean ratio."
+    tables = _experiment_tables(opts)
+    if not tables:
+        return _unavailable(key, title, desc, "no A/B table (*.csv) in data/ab")
+    questions = experiment_questions(str(opts.data_dir / "INDEX.csv"))
+    figs = tuple(experiment_figure(df, title=f"{questions.get(n, n)}<br><sub>{n}</sub>") for n, df in tables.items())
     return Section(key, title, desc, figs, source="mlalab.plots.experiments.experiment_figure")
 
 
 SectionBuilder = Callable[[ReportOptions], Section]
 
+#: Sections built only with ReportOptions(details=True) (``--details``) or when named in `keys`.
+DETAIL_SECTIONS = ("experiment-details",)
+
 # Order of the page. Other topics register their section function here as they land.
 SECTION_BUILDERS: dict[str, SectionBuilder] = {
-    "accuracy": section_accuracy,
-    "workmap": section_workmap,
     "timings": section_timings,
     "experiments": section_experiments,
+    "accuracy": section_accuracy,
     "floor": section_floor,
+    "workmap": section_workmap,
+    "experiment-details": section_experiment_details,
 }
 
 
@@ -231,7 +289,9 @@ def build_sections(
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable or None")
     out = []
-    todo = [(k, fn) for k, fn in SECTION_BUILDERS.items() if keys is None or k in keys]
+    # the per-experiment figures are details: on the page only when asked for (opts.details or by name)
+    todo = [(k, fn) for k, fn in SECTION_BUILDERS.items()
+            if (k in keys if keys is not None else (opts.details or k not in DETAIL_SECTIONS))]  # fmt: skip
     for i, (k, fn) in enumerate(todo, 1):
         t0 = time.perf_counter()
         if progress:
@@ -250,12 +310,74 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2e
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ddd; }
 .meta { color: #666; font-size: 0.9em; } .src { color: #888; font-size: 0.8em; font-family: monospace; }
 .unavailable { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.6em 1em; }
+.scroll { overflow-x: auto; max-height: 32em; overflow-y: auto; margin: 0.5em 0; }
+table.summary { border-collapse: collapse; font-size: 0.88em; }
+table.summary th, table.summary td { border-bottom: 1px solid #eee; padding: 0.25em 0.6em; text-align: left;
+       vertical-align: top; } table.summary th { position: sticky; top: 0; background: #fafafa; }
+#loading { color: #666; }
 nav ul { columns: 2; }
 """
 
+# plotly.js and the figures' JSON travel gzip-compressed in base 85 (Python's alphabet with '<' replaced by '.', so
+# the text can never close or comment out its <script>); the page unpacks them with the browser's
+# DecompressionStream, then draws every figure.
+_B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+_B85_SAFE = _B85.replace("<", ".")
+_TO_SAFE = str.maketrans(_B85, _B85_SAFE)
+_FROM_SAFE = str.maketrans(_B85_SAFE, _B85)
+
+_LOADER = """
+(async () => {
+  const A = "ALPHABET", m = new Int16Array(128).fill(-1);
+  for (let i = 0; i < 85; i++) m[A.charCodeAt(i)] = i;
+  const unpack = async (id) => {
+    const el = document.getElementById(id), s = el.textContent.trim(), out = new Uint8Array(s.length / 5 * 4);
+    for (let i = 0, o = 0; i < s.length; i += 5) {
+      let v = 0; for (let j = 0; j < 5; j++) v = v * 85 + m[s.charCodeAt(i + j)];
+      out[o++] = v >>> 24; out[o++] = (v >>> 16) & 255; out[o++] = (v >>> 8) & 255; out[o++] = v & 255;
+    }
+    const z = new Blob([out.subarray(0, +el.dataset.bytes)]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return await new Response(z).text();
+  };
+  const msg = document.getElementById("loading");
+  if (typeof DecompressionStream === "undefined") { msg.textContent = "This browser cannot unpack the figures "
+      + "(it lacks DecompressionStream; any browser from 2023 on has it)."; return; }
+  const code = document.createElement("script"); code.textContent = await unpack("plotlyjs-gz");
+  document.head.appendChild(code);
+  const figs = JSON.parse(await unpack("figures-gz"));
+  for (const div of document.querySelectorAll("div[data-figure]")) {
+    const fig = figs[div.id];
+    await Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, responsive: true});
+  }
+  msg.remove();
+})();
+""".replace("ALPHABET", _B85_SAFE)
+
+
+def pack_text(text: str) -> tuple[str, int]:
+    """(`text` gzip-compressed, written in the page's base-85 alphabet; the compressed byte count)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    raw = gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
+    return base64.b85encode(raw, pad=True).decode("ascii").translate(_TO_SAFE), len(raw)
+
+
+def unpack_text(packed: str, n_bytes: int) -> str:
+    """The inverse of `pack_text` (what the page's loader does), for tests and for reading a page's figures."""
+    raw = base64.b85decode(packed.strip().translate(_FROM_SAFE))[:n_bytes]
+    return gzip.decompress(raw).decode("utf-8")
+
+
+def page_payload(page: str) -> dict[str, str]:
+    """``{"plotlyjs-gz": plotly.js, "figures-gz": the figures' JSON}`` unpacked from a page `render_html` wrote."""
+    out = {}
+    for m in re.finditer(r"<script type='text/plain' id='([a-z-]+)' data-bytes='(\d+)'>([^<]*)</script>", page):
+        out[m.group(1)] = unpack_text(m.group(3), int(m.group(2)))
+    return out
+
 
 def render_html(sections: Sequence[Section], opts: ReportOptions | None = None) -> str:
-    """The full page: plotly.js inline once (first figure), every other figure reuses it."""
+    """The full page: plotly.js once (compressed, inline), every figure as JSON drawn by the page's loader."""
     opts = ReportOptions() if opts is None else opts
     if not all(isinstance(s, Section) for s in sections):
         raise TypeError("sections must be a sequence of Section")
@@ -277,26 +399,28 @@ def render_html(sections: Sequence[Section], opts: ReportOptions | None = None) 
         )
         + "</ul></nav>",
     ]
-    js_done = False
+    figures: dict[str, object] = {}
     for s in sections:
         parts.append(f"<section id='{html.escape(s.key)}' data-section='{html.escape(s.key)}'>")
         parts.append(f"<h2>{html.escape(s.title)}</h2><p>{html.escape(s.description)}</p>")
         if s.unavailable:
             parts.append(f"<p class='unavailable'><b>Section unavailable:</b> {html.escape(s.unavailable)}</p>")
+        if s.table_html:
+            parts.append(s.table_html)
         for i, fig in enumerate(s.figures):
-            parts.append(
-                pio.to_html(
-                    fig,
-                    full_html=False,
-                    include_plotlyjs=not js_done,  # True = the whole library inline, once; offline-safe
-                    div_id=f"fig-{s.key}-{i}",
-                    config={"displaylogo": False, "responsive": True},
-                )
-            )
-            js_done = True
+            fid = f"fig-{s.key}-{i}"
+            parts.append(f"<div id='{fid}' data-figure='{fid}'></div>")
+            figures[fid] = fig.to_plotly_json()
         if s.source:
             parts.append(f"<p class='src'>figure: {html.escape(s.source)}</p>")
         parts.append("</section>")
+    if figures:
+        parts.insert(5, "<p id='loading'>drawing the figures …</p>")
+        texts = {"plotlyjs-gz": plotly.offline.get_plotlyjs(), "figures-gz": json.dumps(figures, cls=PlotlyJSONEncoder)}
+        for key, text in texts.items():
+            packed, n_bytes = pack_text(text)
+            parts.append(f"<script type='text/plain' id='{key}' data-bytes='{n_bytes}'>{packed}</script>")
+        parts.append(f"<script>{_LOADER}</script>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

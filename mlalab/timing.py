@@ -22,19 +22,23 @@ from typing import Any
 
 import torch
 
-from .config import COMPETITION_SHAPES, MLA, DecodeCase
+from .config import COMPETITION_SHAPES, DecodeCase
 from .inputs import make_inputs
-from .quant.precision import PRECISIONS, get_precision
+from .quant.precision import CORE_PRECISIONS, PRECISIONS, get_precision
 from .records.schema import ACCURACY_PENDING, PROVENANCE_COLUMNS, TimingRecord, config_cell, write_csv
 from .traffic import decode_traffic
 
 __all__ = [
     "SUITES",
+    "LAYOUTS",
+    "suite_cases",
+    "case_inputs",
     "BACKENDS",
     "L2_BYTES",
     "MAX_ROTATION",
     "kv_cache_bytes",
     "call_bytes",
+    "rate_columns",
     "rotation_copies",
     "gpu_info",
     "provenance",
@@ -49,12 +53,61 @@ __all__ = [
     "run_suite",
 ]
 
-SUITES = {"competition": COMPETITION_SHAPES, "smoke": [(4, 1024), (128, 8192)]}
+#: KV layouts a suite times (`case_inputs`): the page size, whether the page table is random, and the pool size in
+#: multiples of the batch's KV. ``tokens`` is page size 1 with random token indices into a pool 4x the batch's KV
+#: (the layout aiter and sglang hand a decode kernel: any slots of a token pool).
+LAYOUTS = {"contiguous": (1, False, 1), "paged64": (64, True, 1), "paged16": (16, True, 1), "tokens": (1, True, 4)}
+
+#: The cases of each suite: ``(batch, kv_len, q_len, layout)``. ``competition``: the 12 shapes of the GPU MODE MLA
+#: decode problem (q_len 1, contiguous); ``mixed-mla-2026``: the 2026 problem's 8 shapes; ``layouts``: q_len 1, 2, 4
+#: x every layout at the 12 shapes and batch 256 x 1024 / 8192.
+SUITES: dict[str, list[tuple[int, int, int, str]]] = {
+    "competition": [(b, n, 1, "contiguous") for b, n in COMPETITION_SHAPES],
+    "smoke": [(4, 1024, 1, "contiguous"), (128, 8192, 1, "contiguous")],
+    "mixed-mla-2026": [(b, n, 1, "contiguous") for n in (1024, 8192) for b in (4, 32, 64, 256)],
+    "layouts": [
+        (b, n, q, lay) for lay in LAYOUTS for q in (1, 2, 4) for b, n in (*COMPETITION_SHAPES, (256, 1024), (256, 8192))
+    ],  # fmt: skip
+}
+
+
+def suite_cases(suite: str, shapes: list[tuple[int, int]] | None = None, q_lens: tuple[int, ...] | None = None,
+                layouts: tuple[str, ...] | None = None) -> list[tuple[int, int, int, str]]:  # fmt: skip
+    """The ``(batch, kv_len, q_len, layout)`` cases a run times: `suite`'s, or `shapes` x `q_lens` (default 1) x
+    `layouts` (default contiguous); with a suite, `q_lens` / `layouts` keep only those of its cases."""
+    if shapes is not None:
+        return [(b, n, q, lay) for lay in (layouts or ("contiguous",)) for q in (q_lens or (1,)) for b, n in shapes]
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    return [c for c in SUITES[suite] if (not q_lens or c[2] in q_lens) and (not layouts or c[3] in layouts)]
+
+
+def layout_of(x: Any) -> str:
+    """The `LAYOUTS` name of inputs made by `make_inputs` (``pageN`` / ``pageN-permuted`` for other page tables)."""
+    key = (int(x.case.page_size), bool(x.case.permute_pages), int(x.case.pool_factor))
+    for name, v in LAYOUTS.items():
+        if v == key:
+            return name
+    return f"page{key[0]}" + ("-permuted" if key[1] else "") + (f"-pool{key[2]}" if key[2] > 1 else "")
+
+
+def case_inputs(batch: int, kv_len: int, q_len: int = 1, layout: str = "contiguous") -> Any:
+    """The seeded inputs of one case (CPU): `batch` requests of `kv_len` tokens, `q_len` query rows each, the KV in
+    `layout` (`LAYOUTS`). The same logical q and KV whatever the layout."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    page_size, permute, pool = LAYOUTS[layout]
+    return make_inputs(DecodeCase.uniform(batch, kv_len, q_len=q_len, page_size=page_size, permute_pages=permute,
+                                          pool_factor=pool))  # fmt: skip
+
+
 L2_BYTES = 60 * 1024 * 1024
 #: The backends a suite times (each through its `make_callable`).
 BACKENDS = ("triton", "flashmla", "flashinfer", "reference-torch", "aiter")
 #: Every precision of the precision table (`mlalab.quant.precision`).
 ALL_PRECISIONS = tuple(str(p) for p in PRECISIONS)
+#: What a suite times unless told otherwise: the sm_90 kernel's precisions (`CORE_PRECISIONS`).
+SUITE_PRECISIONS = tuple(str(p) for p in CORE_PRECISIONS)
 
 
 def gpu_info() -> dict[str, Any]:
@@ -172,17 +225,31 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     return output_metrics(x.reshape(ref.shape).cpu(), ref.cpu())["rel_l2"]
 
 
-def call_bytes(batch: int, kv_len: int, precision: str) -> int:
-    """The `bytes` column: `mlalab.traffic.decode_traffic` of B x L at `precision` (KV, q and the bf16 output, each
-    counted once, in the precision table's element sizes)."""
+def call_bytes(batch: int, kv_len: int, precision: str, q_len: int = 1) -> int:
+    """The `bytes` column: `mlalab.traffic.decode_traffic` of B x L (x q_len query rows) at `precision` (KV, q and
+    the bf16 output, each counted once, in the precision table's element sizes)."""
     spec = get_precision(precision)
-    t = decode_traffic(DecodeCase.uniform(batch, kv_len), spec.kv_format, float(spec.q_bytes))
+    t = decode_traffic(DecodeCase.uniform(batch, kv_len, q_len=q_len), spec.kv_format, float(spec.q_bytes))
     return int(round(t.total_bytes))
 
 
+def rate_columns(nbytes: int, copy_tbps: float, us_median: float = math.nan) -> dict[str, float]:
+    """The rate columns of a timed row from its `bytes`, the run's copy bandwidth (TB/s) and the median time (µs):
+    ``floor_us`` = bytes / copy bandwidth, ``tbps`` = bytes / time, ``pct_copy`` = 100 x tbps / copy bandwidth (NaN
+    while the time is NaN: not timed yet)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+    if not (isinstance(copy_tbps, (int, float)) and math.isfinite(copy_tbps) and copy_tbps > 0):
+        raise ValueError(f"copy_tbps must be a positive finite number (TB/s), got {copy_tbps!r}")
+    if not (isinstance(us_median, (int, float)) and (math.isnan(us_median) or us_median > 0)):
+        raise ValueError(f"us_median must be a positive number of microseconds or NaN, got {us_median!r}")
+    tbps = nbytes / (us_median * 1e-6) / 1e12
+    return {"floor_us": nbytes / (copy_tbps * 1e12) * 1e6, "tbps": tbps, "pct_copy": 100.0 * tbps / copy_tbps}
+
+
 def kv_cache_bytes(batch: int, kv_len: int, precision: str) -> int:
-    """Bytes of one KV cache of B x L tokens at `precision` (576 elements per token): one rotated copy."""
-    return batch * kv_len * MLA.qk_dim * get_precision(precision).kv_bytes
+    """Bytes of one KV cache of B x L tokens at `precision` (block scales included): one rotated copy."""
+    return int(batch * kv_len * get_precision(precision).kv_token_bytes)
 
 
 def quantised_reference(x: Any, precision: str, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +264,8 @@ def quantised_reference(x: Any, precision: str, cache: dict) -> tuple[torch.Tens
     if precision not in cache:
         p = prepare(x, precision)
         q = p.q.float() * p.q_scale
-        kv = (p.kv.float() * p.kv_scale).view(x.kv_buffer.shape)
+        kv = p.kv_values() if p.spec.kv_fp4 else p.kv.float() * p.kv_scale
+        kv = kv.view(x.kv_buffer.shape)
         cache[precision] = decode_reference(q, kv, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len)[0]
     return cache["exact"], cache[precision]
 
@@ -214,12 +282,12 @@ def bench_one(
         raise ValueError("bench_one: give refs (errors now) or outputs (errors later, fill_accuracy)")
     from .backends import get_backend
 
-    B, L = x.batch, int(x.kv_lens[0])
-    rec = TimingRecord(backend, str(opts.get("planner", "-")), precision, config_cell(opts), B, L,
+    B, L, Q = x.batch, int(x.kv_lens[0]), int(x.case.q_len)
+    rec = TimingRecord(backend, str(opts.get("planner", "-")), precision, config_cell(opts), B, L, Q, layout_of(x),
                        copy_tbps=copy_tbps, env=env)  # fmt: skip
-    nbytes = call_bytes(B, L, precision)
+    nbytes = call_bytes(B, L, precision, Q)
     rec.bytes = nbytes
-    rec.floor_us = nbytes / (copy_tbps * 1e12) * 1e6
+    rec.floor_us = rate_columns(nbytes, copy_tbps)["floor_us"]
     n_copies = rotation_copies(kv_cache_bytes(B, L, precision))
     try:
         call, info = get_backend(backend).make_callable(x, precision=precision, n_copies=n_copies, **opts)
@@ -231,8 +299,8 @@ def bench_one(
             _set_errors(rec, out, *quantised_reference(x, precision, refs))
         t = time_callable(call, n_copies, calls_per_graph=calls_per_graph, replays=replays)
         rec.us_median, rec.us_iqr = t["us_median"], t["us_iqr"]
-        rec.tbps = nbytes / (rec.us_median * 1e-6) / 1e12
-        rec.pct_copy = 100.0 * rec.tbps / copy_tbps
+        rates = rate_columns(nbytes, copy_tbps, rec.us_median)
+        rec.tbps, rec.pct_copy = rates["tbps"], rates["pct_copy"]
         if refs is None:
             rec.status = ACCURACY_PENDING
             outputs.append((rec, out.cpu()))
@@ -278,18 +346,19 @@ def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log:
             rec.status = _error_status(e, "accuracy: ")
 
 
-def fill_accuracy_by_shape(pending: dict[tuple[int, int], list], log: Any = print, after_shape: Any = None) -> None:
-    """The second pass of a timing run: for each uniform shape ``(batch, kv_len)`` of `pending` (shape -> [(record,
-    output)], as `bench_one` with ``refs=None`` kept them), regenerate its inputs (`make_inputs` is seeded: the
-    same inputs that were timed), `fill_accuracy`, log each row's errors and call ``after_shape()`` (e.g. rewrite
-    the CSV)."""
-    for (B, L), kept in pending.items():
+def fill_accuracy_by_shape(pending: dict[tuple, list], log: Any = print, after_shape: Any = None) -> None:
+    """The second pass of a timing run: for each case ``(batch, kv_len[, q_len, layout])`` of `pending` (case ->
+    [(record, output)], as `bench_one` with ``refs=None`` kept them), regenerate its inputs (`case_inputs` is seeded:
+    the same inputs that were timed), `fill_accuracy`, log each row's errors and call ``after_shape()`` (e.g.
+    rewrite the CSV)."""
+    for key, kept in pending.items():
         if not kept:
             continue
-        x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
+        B, L = key[0], key[1]
+        x = case_inputs(*key).to("cuda")
         fill_accuracy(kept, x, log)
         for rec, _ in kept:
-            log(f"{rec.backend:16s} {rec.planner:10s} {rec.precision:6s} B={B:4d} L={L:5d} "
+            log(f"{rec.backend:16s} {rec.planner:10s} {rec.precision:6s} B={B:4d} L={L:5d} q{rec.q_len} {rec.layout} "
                 f"err {rec.err_vs_exact:.2e} (quant {rec.err_quant_emulated:.2e}, "
                 f"vs emul {rec.err_vs_emulated:.2e}) {rec.status} {rec.config}")  # fmt: skip
         del x
@@ -301,17 +370,27 @@ def fill_accuracy_by_shape(pending: dict[tuple[int, int], list], log: Any = prin
 def check_suite_args(
     suite: str = "competition",
     backends: tuple[str, ...] = ("triton",),
-    precisions: tuple[str, ...] = ALL_PRECISIONS,
+    precisions: tuple[str, ...] = SUITE_PRECISIONS,
     planners: tuple[str, ...] = ("simple",),
     triton_configs: tuple[dict, ...] = ({},),
     calls_per_graph: int = 20,
     replays: int = 10,
     out: str | os.PathLike[str] | None = None,
     shapes: list[tuple[int, int]] | None = None,
+    q_lens: tuple[int, ...] | None = None,
+    layouts: tuple[str, ...] | None = None,
 ) -> None:
     """Validate `run_suite`'s arguments before any GPU work (ValueError/TypeError naming the argument)."""
     if shapes is None and suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    for q in q_lens or ():
+        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 16:
+            raise ValueError(f"q_lens (--q-lens) must be ints in [1, 16], got {q!r}")
+    for lay in layouts or ():
+        if lay not in LAYOUTS:
+            raise ValueError(f"layouts (--layouts) must be among {', '.join(LAYOUTS)}, got {lay!r}")
+    if not suite_cases(suite, shapes, q_lens, layouts):
+        raise ValueError(f"suite {suite!r} has no case with q_lens {q_lens} and layouts {layouts}")
     for name, v, lo in (("calls_per_graph (--calls)", calls_per_graph, 1), ("replays (--replays)", replays, 3)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
@@ -339,7 +418,7 @@ def check_suite_args(
 def run_suite(
     suite: str = "competition",
     backends: tuple[str, ...] = ("triton", "flashmla", "flashinfer", "reference-torch"),
-    precisions: tuple[str, ...] = ALL_PRECISIONS,
+    precisions: tuple[str, ...] = SUITE_PRECISIONS,
     planners: tuple[str, ...] = ("simple",),
     triton_configs: tuple[dict, ...] = ({},),
     shapes: list[tuple[int, int]] | None = None,
@@ -347,6 +426,8 @@ def run_suite(
     replays: int = 10,
     log: Any = print,
     out: str | os.PathLike[str] | None = None,
+    q_lens: tuple[int, ...] | None = None,
+    layouts: tuple[str, ...] | None = None,
 ) -> list[TimingRecord]:
     """Time every backend x precision (x planner x kernel config for triton) on every shape of `suite`. With
     `out`, the CSV is rewritten atomically after each shape, so a crash keeps every finished shape.
@@ -355,16 +436,19 @@ def run_suite(
     regenerated from their seed, against each record's kept output). The references are heavy at large shapes (the
     whole KV in fp32, twice); computed between timings they left the next timed kernel in different conditions
     (docs/journal.md). Rows whose accuracy is not filled yet say `ACCURACY_PENDING` in `status`. A backend is timed
-    in the precisions it declares (its ``PRECISIONS``); Triton with every planner x kernel config."""
-    check_suite_args(suite, backends, precisions, planners, triton_configs, calls_per_graph, replays, out, shapes)
+    in the precisions it declares (its ``PRECISIONS``); Triton with every planner x kernel config. The cases:
+    `suite_cases` (`shapes`, `q_lens`, `layouts` narrow or replace the suite's)."""
+    check_suite_args(suite, backends, precisions, planners, triton_configs, calls_per_graph, replays, out, shapes,
+                     q_lens, layouts)  # fmt: skip
     env = gpu_info()
     bw = copy_bandwidth()
     log(f"# {env}  copy {bw:.3f} TB/s")
     recs: list[TimingRecord] = []
-    pending: dict[tuple[int, int], list] = {}  # shape -> [(record, output)] whose errors are filled in pass 2
-    for B, L in shapes or SUITES[suite]:
-        x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
-        kept = pending.setdefault((B, L), [])
+    pending: dict[tuple, list] = {}  # case -> [(record, output)] whose errors are filled in pass 2
+    for case in suite_cases(suite, shapes, q_lens, layouts):
+        B, L, Q, lay = case
+        x = case_inputs(*case).to("cuda")
+        kept = pending.setdefault(case, [])
         for be in backends:
             for prec in precisions:
                 if not _supported(be, prec):
@@ -376,7 +460,8 @@ def run_suite(
                     recs.append(rec)
                     short = ",".join(f"{k}={v}" for k, v in sorted(opts.items()) if k != "planner") or "defaults"
                     log(
-                        f"{be:16s} {rec.planner:10s} {prec:6s} {short:40s} B={B:4d} L={L:5d} {rec.us_median:9.2f} us "
+                        f"{be:16s} {rec.planner:10s} {prec:6s} {short:30s} B={B:4d} L={L:5d} q{Q} {lay:10s} "
+                        f"{rec.us_median:9.2f} us "
                         f"{rec.tbps:5.2f} TB/s {rec.pct_copy:5.1f}% {rec.status}"
                     )  # (errors: logged by the accuracy pass)
         del x

@@ -15,7 +15,7 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export FLASHINFER_CUDA_ARCH_LIST="9.0a" FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider -m gpu ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests/test_triton_kernels.py tests/test_hopper_kernel.py} 2>&1 | tee "$OUT/pytest.log"
+timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider -m gpu ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests/test_sm90_kernel.py tests/test_triton_kernels.py tests/test_timeline.py tests/test_timing_views.py tests/test_reference.py} 2>&1 | tee "$OUT/pytest.log"
 CONFIGS=${1:-'[{}]'}
 timeout ${BENCH_TIMEOUT:-380} python3 -m mlalab bench --suite "${SUITE:-competition}" --triton-configs "$CONFIGS" \
   --planners "${PLANNERS:-simple}" --backends "${BACKENDS:-triton,flashmla,flashinfer,reference-torch}" \

@@ -3,8 +3,12 @@ given the numerics it claims, and the baselines a check must be able to tell fro
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from mlalab.config import DecodeCase
+from mlalab.inputs import DecodeInputs, make_inputs
 from mlalab.kernels import PreparedInputs, token_work_info
 from mlalab.plan import WorkPlan
 
@@ -88,3 +92,47 @@ def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | No
         out[i] = (w_[:, :, None] * torch.stack([x[0] for x in ps])).sum(0)
         lse[i] = tot
     return out, lse
+
+
+# ---------------------------------------------------------------- discriminating inputs (on DecodeInputs)
+#: The input sets every CPU correctness check runs on: the competition's (randn x 0.02: attention almost uniform, the
+#: mean of V within ~1e-3 of the answer) and two peaked ones where ignoring q, or a wrong softmax scale, is far off.
+INPUT_SETS = {
+    "competition": {},
+    "unit-q3": {"dist": "unit", "q_mult": 3.0},  # unit std, q x 3
+    "outliers": {"dist": "outliers", "scale": 1.0},  # unit std with 8 channels x 20 (in q and KV alike)
+}
+
+
+def make_input_set(name: str, kv_lens: tuple[int, ...], *, q_len: int = 1, page_size: int = 1, seed: int = 0,
+                   permute_pages: bool = False) -> DecodeInputs:  # fmt: skip
+    """`make_inputs` of one of `INPUT_SETS` (q multiplied after drawing, for ``q_mult``)."""
+    kw = dict(INPUT_SETS[name])
+    q_mult = kw.pop("q_mult", None)
+    case = DecodeCase(kv_lens=tuple(kv_lens), q_len=q_len, page_size=page_size, permute_pages=permute_pages,
+                      seed=seed, **kw)  # fmt: skip
+    x = make_inputs(case)
+    if q_mult is not None:
+        x = dataclasses.replace(x, q=(x.q.float() * q_mult).to(x.q.dtype))
+    return x
+
+
+def request_mean_v(x: DecodeInputs) -> torch.Tensor:
+    """The output of a decode that ignores q, on raw inputs: each request's mean V (float64), for every q row and head
+    (a request without KV: 0)."""
+    kv, tok = x.to("cpu").token_kv()
+    q_ind = x.qo_indptr.cpu().tolist()
+    out = torch.zeros(int(q_ind[-1]), x.q.shape[1], 512, dtype=torch.float64)
+    for b in range(x.batch):
+        if tok[b + 1] > tok[b]:
+            out[q_ind[b] : q_ind[b + 1]] = kv[tok[b] : tok[b + 1], 0, :512].double().mean(0)
+    return out
+
+
+def assert_baselines_fail(ref: torch.Tensor, tol: float, mean_v_out: torch.Tensor, what: str = "") -> None:
+    """The mean-of-V output and all zeros must both be farther than `tol` (rel-L2) from `ref`: else the check that
+    uses `tol` cannot tell them from the answer (a test bug)."""
+    e_mean, e_zero = rel(mean_v_out, ref), rel(torch.zeros_like(ref), ref)
+    assert e_mean > tol and e_zero > tol, (
+        f"{what}: the baselines pass a {tol:g} check (mean V {e_mean:.3g}, zeros {e_zero:.3g})"
+    )

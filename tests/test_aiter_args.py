@@ -1,7 +1,8 @@
 """aiter backend: everything decided before the GPU, checked on the CPU with real values (no fake aiter).
 
-Expected numbers come from the research note (/work/shared/research/aiter_persistent_mla.md): the release
-table (§0.1), the buffer formulas and the seeds' worked sizes (§1), the hazards (§6, §8)."""
+Expected numbers come from docs/aiter.md: the release table ("Releases and signatures"), the buffer formulas and the
+seeds' worked sizes ("Buffer sizes"), the hazards ("Hazards and guards"). The contract with aiter's real sources is
+tests/test_aiter_contract.py."""
 
 from __future__ import annotations
 
@@ -13,15 +14,11 @@ import torch
 
 from mlalab.backends import aiter as be
 from mlalab.backends.aiter_args import (
-    AiterAbi,
     AiterSettings,
     Mode,
     abi_for_version,
     abi_from_signatures,
     arch_from_gcn_name,
-    check_fragments,
-    check_metadata_pointers,
-    check_request,
     check_signature,
     fp8_flavour_for_arch,
     fp8_torch_dtype,
@@ -32,9 +29,11 @@ from mlalab.backends.aiter_args import (
     parse_version,
     partial_buffer_shapes,
     reduce_kwargs,
+    settings_for_precision,
     stage1_kwargs,
     token_kv_indices,
 )
+from mlalab.backends.aiter_guards import check_fragments, check_metadata_pointers, check_request
 from mlalab.config import DecodeCase
 from mlalab.inputs import make_inputs
 from mlalab.reference import decode_reference
@@ -43,7 +42,8 @@ from mlalab.reference import decode_reference
 
 
 def test_parse_version_orders_pre_and_post_releases():
-    order = ["0.1.10.post1", "0.1.10.post2", "0.1.11", "0.1.11.post1", "0.1.12.dev3+g1a2b", "0.1.12", "0.1.16.post2"]
+    order = ["0.1.7.post1", "0.1.7.post2.dev18", "0.1.7.post2", "0.1.10.post1", "0.1.10.post2", "0.1.11",
+             "0.1.11.post1", "0.1.12.dev3+g1a2b", "0.1.12", "0.1.16.post2"]  # fmt: skip
     parsed = [parse_version(v) for v in order]
     assert all(a < b for a, b in zip(parsed, parsed[1:]))
     assert parse_version("0.1.12.dev3+g1a2b").pre and not parse_version("0.1.12").pre
@@ -102,7 +102,7 @@ def test_causal_false_is_passed_where_stage1_has_it():
         kv_scale=None,
         causal=True,
     ):
-        """The 0.1.20 shape of the signature (research note §0.1): `causal` defaults to True."""
+        """The 0.1.20 shape of the signature: `causal` defaults to True."""
 
     def reduce_016(
         partial_output,
@@ -122,14 +122,17 @@ def test_causal_false_is_passed_where_stage1_has_it():
     assert abi_for_version("0.1.19").stage1_has_causal is False
 
 
-@pytest.mark.parametrize("version, why", [("0.1.9", "too old"), ("0.1.10.post1", "too old"), ("0.1.21", "newer")])
+@pytest.mark.parametrize(
+    "version, why", [("0.1.6", "not supported"), ("0.1.9", "not supported"), ("0.1.10.post1", "not supported"),
+                     ("0.1.7.post3", "not supported"), ("0.1.21", "newer")]
+)  # fmt: skip
 def test_undocumented_releases_are_refused(version, why):
     with pytest.raises(ValueError, match=why):
         abi_for_version(version)
 
 
 def test_parameter_counts_match_the_seeds_positional_calls():
-    """The seeds' stage 1 passes 19 positional args and their reduce 8: exactly the v0.1.11 ABI (§0.1)."""
+    """The seeds' stage 1 passes 19 positional args and their reduce 8: exactly the v0.1.11 ABI."""
     v011, v012, v016 = (abi_for_version(v) for v in ("0.1.11", "0.1.12", "0.1.16"))
     assert len(v011.stage1_params()) == 19 and len(v011.reduce_params()) == 8
     assert len(v012.stage1_params()) == 20 and v012.stage1_params().index("lse") == 17  # right after output
@@ -262,6 +265,7 @@ def test_metadata_kwargs_always_pass_dtypes_and_a_positive_split_cap():
     t = torch.zeros(1, dtype=torch.int32)
     for mode, split in ((Mode.INTRA_BATCH, 32), (Mode.FAST, -1)):
         kw = metadata_kwargs(
+            abi_for_version("0.1.11"),
             settings=AiterSettings(mode=mode),
             qo_indptr=t,
             kv_indptr=t,
@@ -271,7 +275,7 @@ def test_metadata_kwargs_always_pass_dtypes_and_a_positive_split_cap():
             q_torch_dtype=torch.float8_e4m3fnuz,
             kv_torch_dtype=torch.float8_e4m3fnuz,
         )
-        assert set(kw) == set(AiterAbi.metadata_params())
+        assert set(kw) == set(abi_for_version("0.1.11").metadata_params())
         assert kw["dtype_q"] is torch.float8_e4m3fnuz and kw["dtype_kv"] is torch.float8_e4m3fnuz
         assert kw["max_split_per_batch"] == split and kw["uni_seqlen_qo"] == 2 and kw["page_size"] == 1
         assert kw["fast_mode"] is (mode is Mode.FAST) and kw["intra_batch_mode"] is (mode is Mode.INTRA_BATCH)
@@ -321,7 +325,7 @@ def test_fp8_flavour_from_architecture():
 
 @pytest.mark.parametrize("arch, cus", [("gfx942", 304), ("gfx950", 256)])
 def test_seed_case_buffer_sizes(arch, cus):
-    """§1 worked sizes for the seeds' call (intra-batch, num_kv_splits=32, H=16, Lq=1), B=4."""
+    """Worked sizes (docs/aiter.md, "Buffer sizes") of the seeds' call (intra-batch, 32 splits, H=16, Lq=1), B=4."""
     s = metadata_buffer_shapes(batch=4, q_len=1, num_cus=cus, settings=AiterSettings(), arch=arch)
     assert s["work_metadata"] == ((2,), torch.uint64)
     assert s["work_indptr"][0] == (cus + 1,)
@@ -424,7 +428,7 @@ def _works(ranges):
 
 
 def test_check_fragments():
-    # §2.7 example A on gfx950: 5 works of 4 x 208 + 192 tokens: all fine
+    # the seeds' case on gfx950 (docs/aiter.md, "Planners"): 5 works of 4 x 208 + 192 tokens: all fine
     ok = torch.tensor([[0, i, 0, 1, 208 * i, min(208 * (i + 1), 1024), 0, 0] for i in range(5)], dtype=torch.int32)
     check_fragments(ok, 5)
     bad = _works([(0, 100), (100, 103), (103, 200)])
@@ -489,11 +493,29 @@ def test_probe_reports_a_reason_and_is_cached():
     assert be.probe() == reason
     assert time.perf_counter() - t0 < 0.05
     status = available()["aiter"]
+    detail = be.describe()
+    tail = f" [{detail}]" if detail else ""
     if reason is None:
-        assert status == "available"
+        assert status == "available" + tail
     else:
         assert isinstance(reason, str) and reason
-        assert status == f"unavailable: {reason}"
+        assert status == f"unavailable: {reason}{tail}"
+
+
+def test_describe_names_version_window_and_what_works(monkeypatch):
+    from mlalab.backends import aiter_runtime
+
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: "0.1.7.post2.dev18")
+    assert aiter_runtime.describe() == (
+        "aiter 0.1.7.post2.dev18 installed, window 0.1.7 to 0.1.7.post2 (the PyPI wheel): fast mode only; a8w8, "
+        "a16w8, bf16; q_len 1-4; LSE of split rows only (stage 1 has no lse)"
+    )
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: "0.1.16.post2")
+    assert aiter_runtime.describe().startswith("aiter 0.1.16.post2 installed, window 0.1.10.post2 to 0.1.20.x: intra")
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: "0.1.9")
+    assert "outside the supported windows" in aiter_runtime.describe()
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: None)
+    assert aiter_runtime.describe() is None
 
 
 def test_decode_validates_options_before_loading():
@@ -507,3 +529,56 @@ def test_decode_validates_options_before_loading():
     if be.probe() is not None:
         with pytest.raises(RuntimeError, match="aiter unavailable: "):
             be.decode(x)
+
+
+# ------------------------------------------------------------------------------------- the v0.1.7 window (PyPI wheel)
+
+
+def test_the_pypi_wheel_window():
+    from mlalab.backends.aiter_abi import WINDOWS, window_of
+
+    for v in ("0.1.7", "0.1.7.post1", "0.1.7.post2.dev18", "0.1.7.post2"):
+        assert window_of(v) == list(WINDOWS)[1] and abi_for_version(v).legacy
+    assert window_of("0.1.11") == list(WINDOWS)[0] and window_of("0.1.8") is None
+    legacy = abi_for_version("0.1.7.post2.dev18")
+    assert "page_size" not in legacy.stage1_params() and "work_metadata" in legacy.stage1_params()
+    assert "max_seqlen_q" not in legacy.reduce_params() and len(legacy.info_params()) == 7
+    assert "work_info" in legacy.metadata_params() and "dtype_q" not in legacy.metadata_params()
+    assert "fast mode only" in legacy.works() and "intra-batch" in abi_for_version("0.1.11").works()
+    t, bufs = torch.zeros(1), _buffers()
+    kw = metadata_kwargs(legacy, settings=AiterSettings(mode="fast"), qo_indptr=t, kv_indptr=t, kv_last_page_lens=t,
+                         buffers=bufs, q_len=1, q_torch_dtype=t.dtype, kv_torch_dtype=t.dtype)  # fmt: skip
+    # the stub's `work_indptr` slot is the binding's work_info_set (docs/aiter.md, "How a call reaches the kernel")
+    assert kw["work_indptr"] is bufs["work_info_set"] and kw["work_info"] is bufs["work_indptr"]
+    assert set(kw) == set(legacy.metadata_params())
+    with pytest.raises(ValueError, match="cannot run mode='intra-batch'.*no intra_batch_mode"):
+        metadata_kwargs(legacy, settings=AiterSettings(), qo_indptr=t, kv_indptr=t, kv_last_page_lens=t,
+                        buffers=_buffers(), q_len=1, q_torch_dtype=t.dtype, kv_torch_dtype=t.dtype)  # fmt: skip
+
+
+def test_precisions_come_from_the_precision_table():
+    from mlalab.quant.precision import PRECISIONS, get_precision
+
+    for p in PRECISIONS:
+        spec = get_precision(p.value)
+        if spec.kv_fp4:  # aiter's persistent MLA decode reads fp8 / bf16 KV only
+            with pytest.raises(ValueError, match="has no .* kernel; it runs a8w8, a16w8, bf16"):
+                settings_for_precision(p.value)
+            continue
+        s = settings_for_precision(p.value)
+        assert (s.q_dtype, s.kv_dtype) == (spec.q_format, spec.kv_format)
+    assert tuple(p.value for p in PRECISIONS if not get_precision(p.value).kv_fp4) == be.PRECISIONS
+    with pytest.raises(ValueError, match="unknown precision"):
+        settings_for_precision("fp4")
+
+
+def test_backends_command_says_which_aiter_and_what_works(monkeypatch, capsys):
+    import argparse
+
+    from mlalab.backends import aiter_runtime
+    from mlalab.commands import backends
+
+    monkeypatch.setattr(aiter_runtime, "installed_version", lambda: "0.1.7.post2.dev18")
+    assert backends.run(argparse.Namespace(json=False)) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("aiter"))
+    assert "[aiter 0.1.7.post2.dev18 installed, window 0.1.7 to 0.1.7.post2 (the PyPI wheel): fast mode only" in line

@@ -1,6 +1,6 @@
 """compare_plans / plan_from_aiter_buffers on the CPU, with our own planners' plans (no fake aiter).
 
-Expected split counts are the research note's worked example A (§2.7): B = 4 requests of 1024 tokens."""
+Expected split counts are the seeds' case in docs/aiter.md ("Planners"): B = 4 requests of 1024 tokens."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Every test here is ``@pytest.mark.rocm``: tests/conftest.py skips it with aiter's probe reason wherever aiter
 cannot run (e.g. "aiter unavailable: aiter is not installed ..."). None of them has been run by mlalab's
-authors (no ROCm GPU was available); the tolerances are aiter's own test criteria (research note §5.1)
+authors (no ROCm GPU was available); the tolerances are aiter's own test criteria (docs/aiter.md, "aiter's own tests")
 tightened to what the kernels' documented numerics allow, and may need adjusting after a first real run.
 """
 
@@ -17,7 +17,7 @@ from mlalab.inputs import make_inputs, ragged_kv_lens
 pytestmark = pytest.mark.rocm
 
 # rel-L2 of the output vs the fp64 decode of the same quantized inputs. bf16 output rounding alone is ~3e-3;
-# fp8 kernels also round the softmax numerators P to fp8 before PV (§4.1), a few % per element.
+# fp8 kernels also round the softmax numerators P to fp8 before PV (docs/aiter.md, "Kernels"), a few % per element.
 _TOL = {"bf16": 1e-2, "a16w8": 1e-2, "a8w8": 5e-2}
 
 

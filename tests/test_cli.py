@@ -57,3 +57,52 @@ def test_backends_lists_every_backend_with_a_reason() -> None:
     assert rec["reference"]["status"] == "available" and rec["emulated"]["status"] == "available"
     for name, v in rec.items():
         assert v["status"] == "available" or v["status"].startswith("unavailable: "), (name, v)
+
+
+# --- malformed input is refused before any work (in process: argparse exits with 2 and names the argument) ---
+
+
+def _main_error(capsys, *args: str) -> str:
+    import pytest
+
+    from mlalab.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_malformed_lists_are_refused_not_repaired(capsys) -> None:
+    for bad in ("3,,5", "3,5,", ",3", "4,-1", ""):
+        err = _main_error(capsys, "reference", "--kv-lens", bad)
+        assert "--kv-lens" in err and ("empty item" in err or "non-negative" in err or "nothing" in err), (bad, err)
+    err = _main_error(capsys, "bench", "--recorded", "--backends", "triton,,flashmla")
+    assert "--backends" in err and "empty item" in err
+    err = _main_error(capsys, "report", "--sections", "floor,,timings")
+    assert "--sections" in err and "empty item" in err
+    err = _main_error(capsys, "report", "--sections", "floor,timing")
+    assert "unknown section(s) timing; known:" in err
+
+
+def test_a_misspelt_decode_option_names_the_call_and_its_options(capsys) -> None:
+    import pytest
+
+    from mlalab import DecodeCase, make_inputs
+    from mlalab.backends import decode
+
+    x = make_inputs(DecodeCase.uniform(2, 64))
+    with pytest.raises(TypeError, match=r"decode\(backend='emulated'\) has no option 'planer'; its options: planner"):
+        decode(x, backend="emulated", planer="simple")
+    with pytest.raises(TypeError, match=r"knobs of planner 'simple': .*block"):
+        decode(x, backend="emulated", planner="simple", blok=64)
+    out, _ = decode(x, backend="emulated", planner="simple", block=64)  # a valid knob still reaches the planner
+    assert out.shape == (2, 16, 512)
+
+
+def test_bench_recorded_table_says_its_unit(capsys) -> None:
+    from mlalab.__main__ import main
+
+    assert main(["bench", "--recorded"]) == 0
+    out = capsys.readouterr().out
+    assert "µs per call (median of the graph replays; columns: batch × kv_len):" in out

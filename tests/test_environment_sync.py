@@ -86,3 +86,18 @@ def test_h200_copy_bandwidth_is_the_median_of_the_recorded_runs() -> None:
     runs = [float(pd.read_csv(p).copy_tbps.median()) for p in sorted((ROOT / "data" / "timings").glob("h200_*.csv"))]
     assert runs, "no recorded H200 runs"
     assert abs(GPU_TARGETS["h200"].copy_tbps - statistics.median(runs)) < 0.01, (GPU_TARGETS["h200"].copy_tbps, runs)
+
+
+def test_the_rocm_extra_admits_what_pypi_serves_and_mlalab_accepts() -> None:
+    """PyPI's only amd-aiter is 0.1.7.post2.dev18, a dev release: pip skips pre-releases unless the specifier names
+    one, so `pip install -e ".[rocm]"` found nothing with ">=0.1.7". The extra must admit it (pip's rule), and the
+    aiter backend must accept the version it installs."""
+    from mlalab.backends.aiter_abi import abi_for_version
+
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (req,) = [Requirement(r) for r in proj["optional-dependencies"]["rocm"] if Requirement(r).name == "amd-aiter"]
+    # pip takes a pre-release only when the specifier itself names one (seen: ">=0.1.7,<0.1.21" -> "No matching
+    # distribution found ... (from versions: 0.1.7.post2.dev18)")
+    assert req.specifier.prereleases is True and req.specifier.contains("0.1.7.post2.dev18", prereleases=True)
+    assert Requirement("amd-aiter>=0.1.7,<0.1.21").specifier.prereleases is not True  # the check can fail
+    abi_for_version("0.1.7.post2.dev18")  # accepted (raises for a refused version)

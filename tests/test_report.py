@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import plotly
 import plotly.graph_objects as go
 import pytest
 
@@ -15,16 +16,21 @@ from mlalab.__main__ import main as cli
 from mlalab.config import DecodeCase
 from mlalab.plots.basics import floor_by_target_figure
 from mlalab.report import (
+    DETAIL_SECTIONS,
     SECTION_BUILDERS,
+    SIZE_LIMIT_BYTES,
     ReportOptions,
     Section,
     build_sections,
+    pack_text,
+    page_payload,
     render_html,
+    unpack_text,
     write_report,
 )
 
 PLOTLY_JS_BANNER = re.compile(r"\*\s*plotly\.js v\d+\.\d+\.\d+")
-NEW_PLOT = re.compile(r"Plotly\.newPlot\(\s*\"([^\"]+)\"")
+NEW_PLOT = re.compile(r"<div id='([^']+)' data-figure=")
 
 # The builder module each section draws from; once it exists the section must not be "unavailable".
 SECTION_MODULES = {
@@ -46,17 +52,19 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Section]
 @pytest.mark.slow  # builds every section once (the accuracy sweep: ~5-10 s on 2 cores)
 def test_plotly_js_is_inline_exactly_once_and_nothing_is_fetched(report: tuple[str, list[Section]]) -> None:
     text, sections = report
-    assert len(PLOTLY_JS_BANNER.findall(text)) == 1
+    payload = page_payload(text)
+    assert len(PLOTLY_JS_BANNER.findall(payload["plotlyjs-gz"])) == 1
+    assert payload["plotlyjs-gz"] == plotly.offline.get_plotlyjs()  # the whole library, unpacked as the page does
     assert not re.search(r"<script[^>]+src=", text), "the page must not load scripts from anywhere (offline)"
     n_figs = sum(len(s.figures) for s in sections)
     assert n_figs >= 1
-    assert len(NEW_PLOT.findall(text)) == n_figs
+    assert len(NEW_PLOT.findall(text)) == n_figs == len(json.loads(payload["figures-gz"]))
 
 
 @pytest.mark.slow  # builds every section once (the accuracy sweep: ~5-10 s on 2 cores)
 def test_every_section_is_on_the_page(report: tuple[str, list[Section]]) -> None:
     text, sections = report
-    assert [s.key for s in sections] == list(SECTION_BUILDERS)
+    assert [s.key for s in sections] == [k for k in SECTION_BUILDERS if k not in DETAIL_SECTIONS]
     for s in sections:
         assert f"data-section='{s.key}'" in text
         if s.unavailable:
@@ -108,13 +116,63 @@ def test_timings_come_from_the_recorded_csvs(report: tuple[str, list[Section]]) 
 
 
 def test_render_embeds_the_figure_data() -> None:
-    fig = go.Figure(go.Bar(x=["a", "b"], y=[1.25, 2.5]))
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[1.25, 2.5]), layout={"title": "</script><!-- a title"})
     text = render_html([Section("x", "X", "desc", (fig,)), Section("y", "Y", "d", unavailable="no data: test")])
-    assert 'id="fig-x-0"' in text
-    call = text[text.index('"fig-x-0"', text.index("Plotly.newPlot(")) :]
-    assert '"y":[1.25,2.5]' in call.replace(" ", "")
+    assert "id='fig-x-0'" in text
+    figs = json.loads(page_payload(text)["figures-gz"])
+    assert figs["fig-x-0"]["data"][0]["y"] == [1.25, 2.5]
+    assert figs["fig-x-0"]["layout"]["title"]["text"] == "</script><!-- a title"  # packed: cannot break the page
+    assert text.count("</script>") == text.count("<script")
     assert "Section unavailable:</b> no data: test" in text
-    assert len(PLOTLY_JS_BANNER.findall(text)) == 1
+    assert len(PLOTLY_JS_BANNER.findall(page_payload(text)["plotlyjs-gz"])) == 1
+
+
+def test_packing_round_trips_and_never_closes_its_script() -> None:
+    text = "".join(chr(c) for c in range(32, 127)) * 50 + "ü µs </script>"
+    packed, n = pack_text(text)
+    assert unpack_text(packed, n) == text
+    assert "<" not in packed and "/" not in packed and '"' not in packed and "\\" not in packed
+
+
+@pytest.mark.slow  # builds every section once (the accuracy sweep: ~5-10 s on 2 cores)
+def test_report_is_small_and_holds_no_machine_path(report: tuple[str, list[Section]]) -> None:
+    """Under 2 MB with plotly.js inside, and no path of the machine that wrote it (data/ files by their
+    repository-relative names)."""
+    text, sections = report
+    assert len(text.encode("utf-8")) <= SIZE_LIMIT_BYTES == 2_000_000
+    visible = text + page_payload(text)["figures-gz"]
+    root = str(Path(__file__).resolve().parents[1])
+    for where in (root, str(Path.home()), str(ReportOptions().data_dir), "/tmp/"):
+        assert where not in visible, f"the page holds the local path {where!r}"
+    assert not re.search(r"(?<![\w.])/(?:home|root|work|Users|tmp|var|mnt)/", visible)
+
+
+@pytest.mark.slow  # builds every section once (the accuracy sweep: ~5-10 s on 2 cores)
+def test_experiments_are_one_table_and_one_figure_in_plain_words(report: tuple[str, list[Section]]) -> None:
+    from mlalab.records.ab import list_experiments
+
+    text, sections = report
+    s = next(s for s in sections if s.key == "experiments")
+    names = list_experiments()
+    assert len(s.figures) == 1 and s.table_html.count("<tr>") == len(names) + 1
+    assert "Are two warpgroups streaming alternate 64-token tiles faster than one?" in s.table_html  # INDEX.csv
+    assert not any(n in s.table_html for n in ("v2x2f", "pb128p16gr", ">p32<"))  # no variant codes in the table
+    for sec in sections:  # every axis of every figure says what it shows, in words (no variant code)
+        for fig in sec.figures:
+            for ax in ("xaxis", "yaxis"):
+                t = fig.layout[ax].title.text or ""
+                if not (ax == "yaxis" and sec.key == "experiments"):  # (its y axis: the questions themselves)
+                    assert re.search(r"[a-z]{4}", t), (sec.key, ax, t)
+                assert "(baseline)" not in t, (sec.key, ax, t)
+
+
+def test_details_add_one_figure_per_experiment_titled_by_its_question(tmp_path: Path) -> None:
+    from mlalab.records.ab import list_experiments
+
+    (s,) = build_sections(ReportOptions(details=True), keys=["experiment-details"])
+    assert len(s.figures) == len(list_experiments())
+    assert s.figures[1].layout.title.text.startswith("Are two warpgroups streaming")
+    assert "experiment-details" not in [x.key for x in build_sections(ReportOptions(), keys=["floor"])]
 
 
 def test_write_is_atomic_and_replaces(tmp_path: Path) -> None:
@@ -136,7 +194,8 @@ def test_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "batch 8, kv_len 2048" in text and "floor" in printed
     assert "[1/1] floor done in" in captured.err  # progress per section on stderr
     labels = floor_by_target_figure(DecodeCase.uniform(8, 2048)).data[0].text  # bar labels of B8/L2048
-    assert all(json.dumps(v) in text for v in labels)
+    figures = page_payload(text)["figures-gz"]
+    assert all(json.dumps(v) in figures for v in labels)
 
 
 def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -145,8 +204,9 @@ def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli(["report", "--out", str(tmp_path / "missing" / "r.html")]) == 2
     assert cli(["report", "--out", str(tmp_path / "r.html"), "--kv-len", "0"]) == 2
     assert "kv_len" in capsys.readouterr().err
-    assert cli(["report", "--out", str(tmp_path / "r.html"), "--sections", "floor,nope"]) == 2
-    assert "unknown report section" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: exit 2 with the argument's name
+        cli(["report", "--out", str(tmp_path / "r.html"), "--sections", "floor,nope"])
+    assert "unknown section(s) nope" in capsys.readouterr().err
     assert cli(["report", "--out", str(tmp_path / "r.html"), "--sections", "workmap", "--planner", "nope"]) == 2
     assert "planner" in capsys.readouterr().err
 
@@ -160,6 +220,7 @@ def test_cli_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
         (dict(seed=1.5), TypeError, "seed"),
         (dict(target="tpu"), ValueError, "target"),
         (dict(title=3), TypeError, "title"),
+        (dict(details="yes"), TypeError, "details"),
     ],
 )
 def test_options_validate(kwargs: dict, exc: type[Exception], word: str) -> None:
@@ -168,7 +229,7 @@ def test_options_validate(kwargs: dict, exc: type[Exception], word: str) -> None
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="figures or the reason"):
+    with pytest.raises(ValueError, match="figures, a table or the reason"):
         Section("k", "t", "d")
     with pytest.raises(TypeError, match="go.Figure"):
         Section("k", "t", "d", figures=("not a figure",))  # type: ignore[arg-type]

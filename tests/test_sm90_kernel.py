@@ -54,15 +54,41 @@ def test_refusals_name_the_reason() -> None:
                       kv_last_page_len=paged.kv_last_page_len)  # fmt: skip
     pwi = token_work_info(pplan, paged.kv_indptr, paged.kv_last_page_len)
     assert "multiple of 64" in host.unsupported(prepare(paged, "a8w8"), pwi)
-    spec = make_inputs(DecodeCase(kv_lens=(100, 70), q_len=2))
+    spec = make_inputs(DecodeCase(kv_lens=(100, 70), q_len=2))  # speculative decode runs (as row passes)
     swi = token_work_info(make_plan("simple", spec.qo_indptr, spec.kv_indptr, 4), spec.kv_indptr, spec.kv_last_page_len)
-    assert "q_len 1" in host.unsupported(prepare(spec, "a8w8"), swi)
-    assert "q_len 1" in host.unsupported(prepare(spec, "a8w8"), None)  # before a plan exists: from qo_indptr
+    assert "needs an NVIDIA GPU" in host.unsupported(prepare(spec, "a8w8"), swi)
     # asked for explicitly, a refusal is an error naming the reason; "auto" falls back to the portable kernel
     with pytest.raises(ValueError, match="kernel='sm90' cannot run here: needs an NVIDIA GPU"):
         Decoder(prepare(x, "a16w8"), plan, config=KernelConfig(kernel="sm90"))
     with pytest.raises(RuntimeError, match="needs a GPU"):  # (past every check: this CPU cannot launch it)
         Decoder(prepare(x, "bf16"), plan)
+
+
+@pytest.mark.parametrize("q_len", [1, 2, 4])
+@pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
+def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, planner: str) -> None:
+    x = make_inputs(DecodeCase(kv_lens=(0, 700, 65, 3000, 1), q_len=q_len))
+    plan = make_plan(planner, x.qo_indptr, x.kv_indptr, 6)
+    wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+    cta_indptr, rows = host.row_passes(plan.work_indptr, wi)
+    assert cta_indptr.numel() == plan.num_cus * q_len + 1 and int(cta_indptr[-1]) == rows.shape[0]
+    assert ((rows[:, 3] - rows[:, 2]) == 1).all()  # one q row per kernel work
+    # every (work, q row) exactly once: same request and KV range, q row qs + r, partial row loc + r (or -1)
+    want = set()
+    for w in range(wi.shape[0]):
+        b, loc, qs, qe, ks, ke = (int(v) for v in wi[w, :6])
+        want |= {(b, loc + r if loc >= 0 else -1, qs + r, ks, ke) for r in range(qe - qs)}
+    got = [(int(r[0]), int(r[1]), int(r[2]), int(r[4]), int(r[5])) for r in rows]
+    assert len(got) == len(set(got)) and set(got) == want
+    # CTA c·q_len + r runs row r of slot c's works, in the plan's order
+    for c in range(plan.num_cus):
+        works = wi[int(plan.work_indptr[c]) : int(plan.work_indptr[c + 1])]
+        for r in range(q_len):
+            mine = rows[int(cta_indptr[c * q_len + r]) : int(cta_indptr[c * q_len + r + 1])]
+            assert mine[:, 2].tolist() == (works[:, 2] + r).tolist()
+            assert mine[:, 4].tolist() == works[:, 4].tolist()
+    if q_len == 1:  # the plan's own tables
+        assert torch.equal(cta_indptr, plan.work_indptr) and torch.equal(rows, wi)
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -391,6 +417,43 @@ def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: st
     assert torch.isnan(p.kv.float()).any()
     knobs = {"block": 1} if planner == "simple" else {}
     _check(p, build_plan(x, planner, 132, **knobs), clean, peaked=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("q_len", [2, 4])
+@pytest.mark.parametrize("planner", list(PLANNERS))
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precision: str) -> None:
+    """q_len 2 and 4 on the sm_90 kernel (row passes): ragged, empty and long requests, every query row seeing its
+    request's whole KV; plans with SMs // q_len slots (all CTAs at once) and with 132 (q_len waves)."""
+    from mlalab.backends.triton import build_plan
+
+    for lens, dist in [(tuple(ragged_kv_lens(9, 700, seed=3)), "unit"), ((0, 130, 5, 4096), "competition"),
+                       ((1000,) * 40, "unit")]:  # fmt: skip
+        x = make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, seed=5, dist=dist)).to("cuda")
+        x = _peaked(x) if dist == "unit" else x
+        for slots in (132 // q_len, 132):
+            _check(prepare(x, precision), build_plan(x, planner, slots), peaked=dist == "unit")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("q_len", [1, 2, 4])
+def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
+    """The triton backend's default plan where the sm_90 kernel runs: SMs // q_len slots, and works of one 64-token
+    tile counted in pages at page size 64 (32 requests of 16 pages make more works than requests)."""
+    from mlalab.backends.triton import make_callable
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x = _peaked(make_inputs(DecodeCase(kv_lens=(1024,) * 32, q_len=q_len, page_size=64, permute_pages=True, seed=2,
+                                       dist="unit")).to("cuda"))  # fmt: skip
+    call, info = make_callable(x, precision="a8w8")
+    plan = info["plan"]
+    assert plan.num_cus == sms // q_len and plan.n_work > 32 and info["decoder"].ran == "sm90:v-regs"
+    out = call(0)
+    ref, _ = tiled_decode(info["prepared"], plan, p_dtype=torch.float8_e4m3fn)
+    assert rel(out, ref) <= 1e-2 and rel(mean_v(info["prepared"]), ref) > 0.1
 
 
 @pytest.mark.gpu

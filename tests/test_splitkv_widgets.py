@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import pandas as pd
+import pytest
+
 from mlalab.plan import indptrs_for, make_plan
-from mlalab.plots.splitkv import cu_load_figure, reduce_groups_figure, work_map_figure
+from mlalab.plan.doctor import doctor
+from mlalab.plots.splitkv import (
+    coverage_figure,
+    cu_load_figure,
+    gantt_figure,
+    model_vs_measured_figure,
+    reduce_groups_figure,
+    targets_figure,
+    work_map_figure,
+)
 from mlalab.widgets.splitkv import split_kv_panel
 
 
@@ -22,7 +34,7 @@ def test_figures_reflect_the_plan() -> None:
 
 
 def test_panel_controls_change_figures_and_show_errors() -> None:
-    p = split_kv_panel()
+    p = split_kv_panel(target="mi355x", batch=4, kv_mode="uniform")
     assert p.plan is not None and p.plan.n_work == 20
     before = p.figures["work_map"].data[0].z
     p.controls["target"].value = "mi300x"
@@ -44,3 +56,68 @@ def test_panel_controls_change_figures_and_show_errors() -> None:
     assert good.num_cus == 64
     p.controls["cus"].value = -4
     assert "Cannot plan" in p.message.value and "CU count" in p.message.value and p.plan is good
+
+
+def test_default_panel_teaches_a_ragged_batch_with_differing_merge_weights() -> None:
+    p = split_kv_panel()
+    assert p.plan.kv_lens == (16384,) + (1024,) * 15 and p.plan.num_cus == 132
+    # the shown request (the long one) is split; peaked inputs (unit std, q x 3) make its merge weights differ
+    w = [t for t in p.figures["step"].data if t.name == "merge weight"][0].y
+    assert len(w) == 9 and max(w) - min(w) > 0.05 and abs(sum(w) - 1) < 1e-12
+    assert p.rel_l2 is not None and p.rel_l2 < 1e-13 and "rel-L2 vs the exact reference" in p.merge.value
+    # the competition's inputs give (nearly) equal weights: the control is what makes the point
+    p.controls["dist"].value = "competition"
+    p.controls["q_scale"].value = 1.0
+    w = [t for t in p.figures["step"].data if t.name == "merge weight"][0].y
+    assert max(w) - min(w) < 0.01
+    # the step control: after 3 works the merge is not drawn yet
+    p.controls["step"].value = 3
+    assert "after 3 of 9 works" in p.figures["step"].layout.title.text
+    assert not [t for t in p.figures["step"].data if t.name == "merge weight"]
+    # three GPUs side by side, zoomed to their busy CUs
+    titles = [a.text for a in p.figures["targets"].layout.annotations]
+    assert [t.split(":")[0] for t in titles] == ["H200", "MI300X", "MI355X"]
+    # the recorded per-CTA time line appears for a recorded shape of the simple plan
+    assert len(p.timeline_box.children) == 1
+    p.controls["planner"].value = "simple"
+    p.controls["kv_mode"].value = "uniform"
+    p.controls["batch"].value = 32
+    assert len(p.timeline_box.children) == 2 and "measured on the H200" in p.timeline_note.value
+
+
+def test_gantt_targets_and_zoom() -> None:
+    qo, kv = indptrs_for([4096, 100, 100])
+    p = make_plan("aiter-intra-batch", qo, kv, "mi355x")
+    g = gantt_figure(p, overhead=10)
+    assert sum(sum(t.x) for t in g.data) == 4296 + 10 * p.n_work
+    last = max(p.work_cus().tolist())
+    assert tuple(g.layout.yaxis.range) == (last + 0.5, -0.5)
+    assert tuple(work_map_figure(p).layout.xaxis.range) == (-0.5, last + 0.5)
+    t = targets_figure({"A": p, "B": make_plan("simple", qo, kv, 8)})
+    assert len(t.data) == 2 and len(t.data[0].x) == last + 1
+    with pytest.raises(ValueError, match="overhead"):
+        gantt_figure(p, overhead=-1)
+
+
+def test_coverage_figure_draws_the_doctor_s_holes() -> None:
+    qo, kv = indptrs_for([3000, 700])
+    good = make_plan("aiter-fast", qo, kv, 16)
+    wi = good.work_info.clone()
+    wi[1, 4:6] += 32
+    import dataclasses
+
+    bad = dataclasses.replace(good, work_info=wi)
+    rep = doctor(bad, qo, kv)
+    fig = coverage_figure(bad, kv, rep.findings)
+    names = [t.name for t in fig.data]
+    assert names == ["works (colour = CU)", "not covered", "covered twice"]
+    assert list(fig.data[1].x) == [32] and list(fig.data[2].x) == [32]
+
+
+def test_model_vs_measured_figure() -> None:
+    df = pd.DataFrame({"mix": ["a"] * 4, "seed": [0] * 4, "policy": list("pqrs"), "makespan": [1, 2, 3, 4],
+                       "us_median": [10.0, 20.0, 15.0, 40.0]})  # fmt: skip
+    fig = model_vs_measured_figure(df)
+    assert "ρ within a batch 0.80" in fig.layout.title.text
+    with pytest.raises(ValueError, match="columns"):
+        model_vs_measured_figure(df.drop(columns="us_median"))

@@ -326,3 +326,25 @@ def test_every_recorded_run_reads_whatever_knobs_its_config_cells_name() -> None
     # the runs before the redesign show Triton at the default of their day: a full row set in run 17
     v17 = recorded_view(df, run="h200_2026-12-04_run17.csv")
     assert (v17.rows["backend"] == "triton").sum() == 36
+
+
+def test_decode_layout_selector_filters_the_view() -> None:
+    """The timing panel's decode-layout control lists the (q_len, layout) pairs recorded and the view shows only
+    that layout's rows; old runs (no q_len / layout columns) count as q_len 1 on a contiguous cache."""
+    import pandas as pd
+
+    from mlalab.records.timings import load_recorded, recorded_view
+    from mlalab.widgets.timing import timing_panel
+
+    df = load_recorded()
+    assert set(zip(df["q_len"], df["layout"])) >= {(1, "contiguous")}
+    run = "h200_2026-12-04_run18.csv"
+    extra = df[df["run"] == run].assign(q_len=2, layout="paged64", us_median=1e6)
+    both = pd.concat([df, extra], ignore_index=True)
+    p = timing_panel(both)
+    assert (2, "paged64") in [v for _, v in p.layout.options] and not p.layout.disabled
+    plain = recorded_view(both, run=run)
+    mtp = recorded_view(both, run=run, q_len=2, layout="paged64")
+    assert (plain.rows["us_median"] < 1e6).all() and (mtp.rows["us_median"] == 1e6).all()
+    with pytest.raises(ValueError, match="no recorded rows for q_len 4 with the 'tokens' layout"):
+        recorded_view(both, q_len=4, layout="tokens")

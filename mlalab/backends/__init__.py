@@ -53,14 +53,21 @@ def get_backend(name: str) -> ModuleType:
 
 
 def available() -> dict[str, str]:
-    """``{backend: "available" | "unavailable: <reason>"}`` for every known backend (never raises)."""
+    """``{backend: "available" | "unavailable: <reason>"}`` for every known backend (never raises), followed by
+    ``" [<detail>]"`` where the backend module has a ``describe()`` (aiter: the installed version, its window, what
+    works with it)."""
     status: dict[str, str] = {}
     for name in BACKENDS:
+        detail = None
         try:
-            reason = get_backend(name).probe()
+            mod = get_backend(name)
+            reason = mod.probe()
+            detail = mod.describe() if hasattr(mod, "describe") else None  # e.g. aiter: version, window, what works
         except Exception as e:  # a probe must never break the listing
             reason = f"{type(e).__name__}: {e}"
         status[name] = "available" if reason is None else f"unavailable: {reason}"
+        if detail:
+            status[name] += f" [{detail}]"
     return status
 
 
@@ -77,7 +84,8 @@ def decode(
         bad = [k for k in options if k not in valid]
         if bad:
             raise TypeError(
-                f"backend {backend!r} takes no option {', '.join(map(repr, bad))}; its options: {', '.join(valid)}"
+                f"decode(backend={backend!r}) has no option {', '.join(map(repr, bad))}; "
+                f"its options: {', '.join(valid)}"
             )
     reason = mod.probe()
     if reason is not None:

@@ -1,16 +1,17 @@
 """Backend ``"aiter"``: AMD aiter's persistent MLA decode (ROCm only: MI300X gfx942, MI355X gfx950).
 
-What it does (the seeds' pattern, made safe; research note /work/shared/research/aiter_persistent_mla.md):
+What it does (the seeds' pattern, made safe; the facts are in docs/aiter.md):
 
-1. `probe()` finds out, once per process, whether aiter can run here: installed, a documented release
-   (`aiter_args.abi_for_version`), a ROCm torch with a gfx942/gfx950 GPU, ``import aiter`` succeeds (it raises
-   RuntimeError — not ImportError — off ROCm), signatures match what we call, and aiter's ``dtypes.fp8`` is the
-   flavour of the architecture. Anything else: the reason, e.g. ``"aiter is not installed ..."``.
+1. `probe()` (from `aiter_runtime`) finds out, once per process, whether aiter can run here: installed, a supported
+   release (`aiter_abi.abi_for_version`), a ROCm torch with a gfx942/gfx950 GPU, ``import aiter`` succeeds,
+   signatures match what we call, and aiter's ``dtypes.fp8`` is the flavour of the architecture. Anything else: the
+   reason, e.g. ``"aiter is not installed ..."``.
 2. `AiterDecoder` builds, once per (batch, q_len, kv_lens, dtypes), the metadata buffers
    (`get_mla_metadata_info_v1` sizes, `get_mla_metadata_v1` fills), the page-size-1 `kv_indices`,
    `kv_last_page_lens`, the fp32 partial (`logits`) and `attn_lse` buffers and the output, checks the plan
-   against the documented hazards, then calls `mla_decode_stage1_asm_fwd` and `mla_reduce_v1` directly
-   (``path="direct"``) or aiter's one-call `mla_decode_fwd` (``path="mla_decode_fwd"``), always with keywords.
+   against the documented hazards (`aiter_guards`), then calls `mla_decode_stage1_asm_fwd` and `mla_reduce_v1`
+   directly (``path="direct"``) or aiter's one-call `mla_decode_fwd` (``path="mla_decode_fwd"``), always with
+   keywords.
 3. `decode(inputs, **options)` is the registry entry: options are `AiterSettings` fields plus `return_lse`.
 
 fp8 inputs are quantized here with `mlalab.quant.quantize_fp8_per_tensor` in the architecture's flavour
@@ -23,43 +24,32 @@ aiter's source; the ``rocm`` tests in tests/test_aiter_rocm.py check it wherever
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.metadata
-import importlib.util
-import inspect
-import os
 from dataclasses import dataclass, field, fields
-from types import ModuleType
 from typing import Any
 
 import torch
 
 from ..config import MLA
 from ..inputs import DecodeInputs
+from ..quant.precision import PRECISIONS as PRECISION_TABLE
 from ..reference import decode_reference
 from .aiter_args import (
-    AiterAbi,
+    _PRECISIONS,
     AiterSettings,
-    abi_for_version,
-    abi_from_signatures,
     arch_from_gcn_name,
-    check_fragments,
-    check_metadata_pointers,
-    check_request,
-    check_signature,
-    fp8_flavour_for_arch,
     fp8_torch_dtype,
     info_kwargs,
     metadata_buffer_shapes,
     metadata_kwargs,
     mla_decode_fwd_kwargs,
-    parse_version,
     reduce_kwargs,
+    settings_for_precision,
     stage1_kwargs,
     token_kv_indices,
 )
+from .aiter_guards import check_fragments, check_metadata_pointers, check_request
 from .aiter_plan import compare_plans, plan_from_aiter_buffers
+from .aiter_runtime import AiterRuntime, describe, installed_version, load, probe, signature
 
 __all__ = [
     "probe",
@@ -73,7 +63,10 @@ __all__ = [
     "quantized_reference",
     "compare_plans",
     "installed_version",
+    "describe",
     "plan_knobs",
+    "make_callable",
+    "PRECISIONS",
 ]
 
 _BUFFER_ORDER = (  # get_mla_metadata_info_v1's return order (NOT get_mla_metadata_v1's argument order)
@@ -84,179 +77,6 @@ _BUFFER_ORDER = (  # get_mla_metadata_info_v1's return order (NOT get_mla_metada
     "reduce_final_map",
     "reduce_partial_map",
 )
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Loading and probing
-# --------------------------------------------------------------------------------------------------------------
-
-
-def installed_version() -> str | None:
-    """The installed aiter distribution's version (PyPI name ``amd-aiter``; source builds may call it ``aiter``),
-    read from package metadata without importing aiter. None if not installed as a distribution."""
-    for dist in ("amd-aiter", "aiter", "amd_aiter"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-@dataclass(frozen=True)
-class AiterRuntime:
-    """A usable aiter: the module, its ABI, and the GPU it drives."""
-
-    module: ModuleType
-    abi: AiterAbi
-    arch: str  # gfx942 / gfx950
-    num_cus: int  # multiProcessorCount: what aiter's planners use
-    fp8_flavour: str  # e4m3fnuz / e4m3fn, from the architecture
-    device: torch.device
-    notes: tuple[str, ...] = ()
-
-    @property
-    def fp8_dtype(self) -> torch.dtype:
-        return fp8_torch_dtype(self.fp8_flavour)
-
-
-def _signature(fn: Any) -> inspect.Signature | None:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-
-
-def _load_uncached() -> AiterRuntime:
-    if importlib.util.find_spec("aiter") is None:
-        raise RuntimeError(
-            "aiter is not installed (pip install amd-aiter; it runs on AMD Instinct GPUs with ROCm only)"
-        )
-    version_text = installed_version()
-    allow_newer = os.environ.get("MLALAB_AITER_ALLOW_NEWER", "0") not in ("", "0")
-    version = parse_version(version_text) if version_text is not None else None
-    version_abi: AiterAbi | None = None
-    if version is not None:
-        try:
-            version_abi = abi_for_version(version)
-        except ValueError as e:
-            newer = not version < parse_version("0.1.10.post2")
-            if not (allow_newer and newer):
-                raise RuntimeError(str(e)) from None
-    if torch.version.hip is None:
-        raise RuntimeError("this torch build has no ROCm support (torch.version.hip is None); aiter needs ROCm")
-    if not torch.cuda.is_available():
-        raise RuntimeError("no ROCm GPU is visible to torch (torch.cuda.is_available() is False)")
-    try:
-        aiter = importlib.import_module("aiter")
-    except Exception as e:  # aiter raises RuntimeError ("ROCm version file not found") off ROCm, not ImportError
-        raise RuntimeError(f"import aiter failed: {type(e).__name__}: {e}") from None
-    if version is None:
-        v = getattr(aiter, "__version__", None)
-        if not isinstance(v, str):
-            raise RuntimeError("cannot tell which aiter release is installed (no package metadata, no __version__)")
-        version = parse_version(v)
-        try:
-            version_abi = abi_for_version(version)
-        except ValueError as e:
-            if not allow_newer:
-                raise RuntimeError(str(e)) from None
-
-    device = torch.device("cuda", torch.cuda.current_device())
-    props = torch.cuda.get_device_properties(device)
-    arch = arch_from_gcn_name(getattr(props, "gcnArchName", "") or "unknown")
-    try:
-        flavour = fp8_flavour_for_arch(arch)
-    except ValueError as e:
-        raise RuntimeError(str(e)) from None
-    aiter_fp8 = getattr(getattr(aiter, "dtypes", None), "fp8", None)
-    if aiter_fp8 is not None and aiter_fp8 != fp8_torch_dtype(flavour):
-        raise RuntimeError(
-            f"aiter.dtypes.fp8 is {aiter_fp8} but {arch} kernels expect {fp8_torch_dtype(flavour)}; refusing to guess"
-        )
-
-    # Signatures: authoritative when inspectable (dev builds, opted-in newer releases); must agree with the
-    # release table for a documented release.
-    fns = {
-        n: getattr(aiter, n, None)
-        for n in ("mla_decode_stage1_asm_fwd", "mla_reduce_v1", "get_mla_metadata_info_v1", "get_mla_metadata_v1")
-    }
-    missing = [n for n, f in fns.items() if f is None]
-    if missing:
-        raise RuntimeError(f"aiter {version} lacks {', '.join(missing)}")
-    sigs = {n: _signature(f) for n, f in fns.items()}
-    notes: list[str] = []
-    inspectable = all(
-        s is not None and check_signature(n, s, ()) != [f"{n}: signature not inspectable"] for n, s in sigs.items()
-    )
-    if inspectable:
-        try:
-            sig_abi = abi_from_signatures(
-                str(version),
-                sigs["mla_decode_stage1_asm_fwd"],
-                sigs["mla_reduce_v1"],
-                sigs["get_mla_metadata_info_v1"],
-            )
-            problems = check_signature("get_mla_metadata_v1", sigs["get_mla_metadata_v1"], AiterAbi.metadata_params())  # type: ignore[arg-type]
-            if problems:
-                raise ValueError("; ".join(problems))
-        except ValueError as e:
-            raise RuntimeError(str(e)) from None
-        if (
-            version_abi is not None
-            and not version.pre
-            and (
-                (sig_abi.stage1_has_lse, sig_abi.reduce_has_num_kv_splits)
-                != (version_abi.stage1_has_lse, version_abi.reduce_has_num_kv_splits)
-            )
-        ):
-            raise RuntimeError(
-                f"aiter {version}'s signatures (stage-1 lse: {sig_abi.stage1_has_lse}, reduce num_kv_splits: "
-                f"{sig_abi.reduce_has_num_kv_splits}) contradict the documented release table; refusing"
-            )
-        abi = sig_abi
-        notes.append("ABI from inspected signatures")
-    elif version_abi is not None:
-        # Some wrappers hide their signature: check the ones we can see against the release table's names.
-        expected = {
-            "mla_decode_stage1_asm_fwd": version_abi.stage1_params(),
-            "mla_reduce_v1": version_abi.reduce_params(),
-            "get_mla_metadata_info_v1": version_abi.info_params(),
-            "get_mla_metadata_v1": AiterAbi.metadata_params(),
-        }
-        problems = []
-        for n, sig in sigs.items():
-            found = check_signature(n, sig, expected[n]) if sig is not None else []
-            problems += [x for x in found if not x.endswith("signature not inspectable")]
-        if problems:
-            raise RuntimeError(f"aiter {version}: signatures differ from the release table: " + "; ".join(problems))
-        abi = version_abi
-        notes.append("some signatures not inspectable; ABI from the release table")
-    else:
-        raise RuntimeError(f"aiter {version}: not a documented release and its signatures cannot be inspected")
-    return AiterRuntime(aiter, abi, arch, int(props.multi_processor_count), flavour, device, tuple(notes))
-
-
-@functools.cache
-def _load_cached() -> AiterRuntime | str:
-    try:
-        return _load_uncached()
-    except Exception as e:  # the probe never raises: any failure is a reason
-        msg = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
-        return msg
-
-
-def load() -> AiterRuntime:
-    """The usable aiter runtime, or RuntimeError with the reason (cached: ``import aiter`` off ROCm takes ~6 s)."""
-    r = _load_cached()
-    if isinstance(r, str):
-        raise RuntimeError(f"aiter unavailable: {r}")
-    return r
-
-
-def probe() -> str | None:
-    """None when aiter can run here, else why not (never raises; cached for the process)."""
-    r = _load_cached()
-    return r if isinstance(r, str) else None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -402,6 +222,7 @@ class AiterDecoder:
                 notes.append(f"{name}: aiter sized {tuple(buffers[name].shape)}, documented formula {ours[name][0]}")
         a.get_mla_metadata_v1(
             **metadata_kwargs(
+                rt.abi,
                 settings=s,
                 qo_indptr=qo_indptr,
                 kv_indptr=kv_indptr,
@@ -474,7 +295,7 @@ class AiterDecoder:
         if s.path == "mla_decode_fwd":
             from aiter.mla import mla_decode_fwd
 
-            sig = _signature(mla_decode_fwd)
+            sig = signature(mla_decode_fwd)
             accepts = tuple(sig.parameters) if sig is not None else ()
             _, lse = mla_decode_fwd(
                 **mla_decode_fwd_kwargs(
@@ -494,6 +315,7 @@ class AiterDecoder:
                     kv_scale=kv_scale,
                     accepts=accepts,
                     return_lse=return_lse,
+                    abi=rt.abi,
                 )
             )
             if return_lse and isinstance(lse, torch.Tensor):
@@ -627,7 +449,7 @@ def decode(inputs: DecodeInputs, **options: Any) -> tuple[torch.Tensor, torch.Te
     return get_decoder(AiterSettings(**options))(inputs, return_lse=return_lse)
 
 
-PRECISIONS = ("a8w8", "a16w8", "bf16")
+PRECISIONS = tuple(p.value for p in PRECISION_TABLE if p.value in _PRECISIONS)  # the fp8 / bf16 ones
 
 
 def make_callable(inputs: DecodeInputs, *, precision: str = "a8w8", fp8_format: str | None = None,
@@ -636,8 +458,6 @@ def make_callable(inputs: DecodeInputs, *, precision: str = "a8w8", fp8_format: 
     Everything (settings, quantisation, metadata buffers, page table) is built once here; ``call(i)`` is
     `AiterDecoder.run` on KV copy ``i``. The fp8 flavour is the architecture's (`fp8_format` must match it if
     given); `overrides` are `AiterSettings` fields."""
-    from .aiter_args import settings_for_precision, token_kv_indices
-
     reason = probe()
     if reason is not None:
         raise RuntimeError(f"aiter backend unavailable: {reason}")

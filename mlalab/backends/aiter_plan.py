@@ -4,7 +4,7 @@
 hand back the metadata aiter itself wrote (`AiterDecoder.aiter_plan`); `plan_from_aiter_buffers` trims those
 over-sized buffers to the entries that are defined, and `compare_plans` names every difference.
 
-Only defined entries are compared (research note §2.2): the first ``work_indptr[-1]`` rows of `work_info`
+Only defined entries are compared (docs/aiter.md, "The metadata"): the first ``work_indptr[-1]`` rows of `work_info`
 (columns 0–6; column 7 is padding), `reduce_indptr`, the `reduce_final_map` rows of tiles with at least one
 partial (aiter leaves the others unwritten), and the first ``reduce_indptr[-1]`` entries of
 `reduce_partial_map`. Pure torch on the CPU; nothing here imports aiter.

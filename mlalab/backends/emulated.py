@@ -3,10 +3,12 @@ per work item and the LSE reduce (float64 by default, so it doubles as an exactn
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..inputs import DecodeInputs
-from ..plan import emulate_plan, make_plan
+from ..plan import PLANNERS, emulate_plan, make_plan
 
 
 def probe() -> str | None:
@@ -28,6 +30,16 @@ def decode(
     Returns ``(out, lse)`` in `compute_dtype` on the CPU."""
     if not isinstance(inputs, DecodeInputs):
         raise TypeError(f"inputs must be a DecodeInputs, got {type(inputs).__name__}")
+    if planner in PLANNERS:  # (an unknown planner is named by make_plan)
+        knob_names = [n for n, p in inspect.signature(PLANNERS[planner]).parameters.items() if p.kind is p.KEYWORD_ONLY]
+        knob_names = [n for n in knob_names if n not in ("page_size", "kv_last_page_len")]  # from the inputs
+        bad = [k for k in knobs if k not in knob_names]
+        if bad:
+            own = [n for n in inspect.signature(decode).parameters if n not in ("inputs", "knobs")]
+            raise TypeError(
+                f"decode(backend='emulated') has no option {', '.join(map(repr, bad))}; its options: {', '.join(own)}"
+                f", and the knobs of planner {planner!r}: {', '.join(knob_names)}"
+            )
     plan = make_plan(
         planner,
         inputs.qo_indptr,

@@ -1,6 +1,7 @@
 """FlashMLA peer (PyPI ``sgl-flash-mla``, legacy sm90 dense kernels): bf16, or fp8 q + fp8 KV (a8w8) with
-per-tensor descales. Page block 64 is mandatory, so a page-size-1 contiguous cache is viewed as 64-token
-blocks with an arange block table (same bytes); every request's length must be a multiple of 64 here."""
+per-tensor descales. Page block 64 is mandatory: a page-size-64 cache runs with its own page table, a page-size-1
+contiguous cache is viewed as 64-token blocks with an arange block table (same bytes; every request's length a
+multiple of 64 there). q_len > 1 runs as FlashMLA's ``s_q`` (every query row sees the request's whole KV)."""
 
 from __future__ import annotations
 
@@ -41,21 +42,26 @@ def make_callable(
     if fp8_format != "e4m3fn":
         raise ValueError("flashmla's fp8 kernel is e4m3fn only")
     lens = inputs.kv_lens
-    if inputs.page_size != 1 or inputs.case.q_len != 1 or len(set(lens.tolist())) != 1 or int(lens[0]) % 64:
-        raise ValueError(
-            "flashmla peer here: page size 1 contiguous KV, q_len 1, equal lengths that are multiples of 64"
-        )
+    q_lens = inputs.qo_indptr.diff()
+    contiguous = inputs.page_size == 1 and not inputs.case.permute_pages
+    if not (contiguous or inputs.page_size == 64) or len(set(lens.tolist())) != 1 or int(lens[0]) % 64 or (
+            len(set(q_lens.tolist())) != 1):  # fmt: skip
+        raise ValueError("flashmla peer here: page size 64 (any page table) or a contiguous page-size-1 cache, equal "
+                         "lengths that are multiples of 64, the same q_len for every request")  # fmt: skip
     from flash_mla import flash_mla_with_kvcache, get_mla_decoding_metadata, get_mla_metadata
     from flash_mla.flash_mla_interface import FlashMLASchedMeta
 
     from ..kernels import prepare
 
-    B, L = inputs.batch, int(lens[0])
+    B, L, s_q = inputs.batch, int(lens[0]), int(q_lens[0])
     prep = prepare(inputs, precision, fp8_format)
-    q = prep.q.view(B, 1, MLA.num_heads, MLA.qk_dim)
-    kv = prep.kv.view(B * L // 64, 64, 1, MLA.qk_dim)
+    q = prep.q.view(B, s_q, MLA.num_heads, MLA.qk_dim)
+    kv = prep.kv.view(-1, 64, 1, MLA.qk_dim)
     copies = [kv] + [kv.clone() for _ in range(max(0, n_copies - 1))]
-    table = torch.arange(B * L // 64, dtype=torch.int32, device=q.device).view(B, L // 64)
+    if contiguous:
+        table = torch.arange(B * L // 64, dtype=torch.int32, device=q.device).view(B, L // 64)
+    else:
+        table = prep.kv_indices.to(torch.int32).view(B, L // 64)
     seqlens = torch.full((B,), L, dtype=torch.int32, device=q.device)
     if precision == "bf16":
         meta, _ = get_mla_metadata()
@@ -63,7 +69,7 @@ def make_callable(
     else:
         meta = FlashMLASchedMeta()
         meta.tile_scheduler_metadata, meta.num_splits = get_mla_decoding_metadata(
-            seqlens, MLA.num_heads, 1, MLA.num_heads, is_fp8_kvcache=True, use_legacy=True
+            seqlens, s_q * MLA.num_heads, 1, MLA.num_heads, is_fp8_kvcache=True, use_legacy=True
         )
         kw = {"is_fp8_kvcache": True, "descale_q": prep.q_scale, "descale_k": prep.kv_scale}
     last: dict[str, torch.Tensor] = {}
@@ -74,7 +80,7 @@ def make_callable(
             softmax_scale=MLA.sm_scale, causal=False, use_legacy=True, **kw,
         )  # fmt: skip
         last["lse"] = lse
-        return o.view(B, MLA.num_heads, MLA.v_dim)
+        return o.view(B * s_q, MLA.num_heads, MLA.v_dim)
 
     call(0)  # the first call fills the scheduler metadata: keep it out of graphs and timings
     return call, {"prepared": prep, "last": last, "kv_bytes": kv.numel() * kv.element_size()}
@@ -84,8 +90,7 @@ def decode(inputs: DecodeInputs, **options: Any) -> tuple[torch.Tensor, torch.Te
     call, info = make_callable(inputs, **options)
     out = call(0)
     lse = info["last"].get("lse")
-    return out, (
-        lse.reshape(inputs.batch, MLA.num_heads)
-        if lse is not None and lse.numel() == out.shape[0] * MLA.num_heads
-        else None
-    )
+    # FlashMLA's LSE is (batch, heads, s_q): rows of q in our order are (batch, s_q)
+    if lse is None or lse.numel() != out.shape[0] * MLA.num_heads:
+        return out, None
+    return out, (lse.transpose(-1, -2) if lse.dim() == 3 else lse).reshape(out.shape[0], MLA.num_heads)

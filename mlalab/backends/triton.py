@@ -2,9 +2,11 @@
 Triton kernel elsewhere (and in Triton's CPU interpreter).
 
 Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16, `mlalab.quant.precision`), ``fp8_format``
-(e4m3fn | e4m3fnuz), ``planner`` (a name from `mlalab.plan.PLANNERS`; default "simple", the one-wave even split),
-``num_cus`` (plan slots; default: the GPU's SM count), ``plan_block`` (the simple planner's ``block``: minimum work
-size in kv_indices positions; default `SIMPLE_PLAN_BLOCK` where the sm_90 kernel runs), ``plan`` (a ready WorkPlan),
+(e4m3fn | e4m3fnuz), ``fp4_recipe`` (the fp4-KV precisions: an MXFP4 recipe of `mlalab.kernels.fp4.FP4_RECIPES`,
+default aiter's), ``planner`` (a name from `mlalab.plan.PLANNERS`; default "simple", the one-wave even split),
+``num_cus`` (plan slots; default: the GPU's SM count, divided by q_len where the sm_90 kernel runs), ``plan_block``
+(the simple planner's ``block``: minimum work size in kv_indices positions; default `SIMPLE_PLAN_BLOCK` tokens in
+pages where the sm_90 kernel runs), ``plan`` (a ready WorkPlan),
 the planner's own knobs (e.g. ``kv_granularity``, ``max_split_per_batch``), the `KernelConfig` knobs (``kernel``,
 ``pdl``, ``p_fp8``), ``sm_scale``, and for the exactness tests ``out_dtype`` / ``pv_exact``. Any page size works: the
 decoder turns the plan's page positions into token ranges once.
@@ -62,6 +64,7 @@ def make_callable(
     *,
     precision: str = "a8w8",
     fp8_format: str = "e4m3fn",
+    fp4_recipe: str | None = None,
     planner: str = "simple",
     num_cus: int | None = None,
     plan_block: int | None = None,
@@ -92,19 +95,21 @@ def make_callable(
     reason = probe()
     if reason is not None:
         raise RuntimeError(f"triton backend unavailable: {reason}")
-    prep = prepare(inputs, precision, fp8_format)
+    prep = prepare(inputs, precision, fp8_format, fp4_recipe)
     # the plan options the caller gave (recorded with the timings)
     given = {**plan_knobs, **({"plan_block": plan_block} if plan_block is not None else {})}
+    sm90 = cfg.kernel != "portable" and sm90_host.unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype,
+                                                                  p_fp8=cfg.p_fp8) is None  # fmt: skip
     if plan_block is not None:
         plan_knobs["block"] = plan_block
-    elif (
-        planner == "simple"
-        and "block" not in plan_knobs
-        and cfg.kernel != "portable"
-        and sm90_host.unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype, p_fp8=cfg.p_fp8) is None
-    ):
-        plan_knobs["block"] = SIMPLE_PLAN_BLOCK
+    elif planner == "simple" and "block" not in plan_knobs and sm90:
+        # one 64-token tile, counted in kv_indices positions (pages of page_size tokens)
+        plan_knobs["block"] = max(1, SIMPLE_PLAN_BLOCK // inputs.page_size)
     if plan is None:
+        if num_cus is None and sm90:
+            # the sm_90 kernel runs a slot's q rows on q_len CTAs side by side (`row_passes`): SMs // q_len slots
+            q_rows = int(inputs.qo_indptr.diff().max()) if inputs.batch else 1
+            num_cus = max(1, torch.cuda.get_device_properties(0).multi_processor_count // max(1, q_rows))
         plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     dec = Decoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact, sm_scale=sm_scale)
     # what ran, for the timing records: the kernel config, the plan options a caller gave, the plan, the kernel path

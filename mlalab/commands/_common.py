@@ -12,13 +12,26 @@ from ..config import DecodeCase, InputDist
 from ..inputs import ragged_kv_lens
 
 
+def parse_csv_items(text: str) -> tuple[str, ...]:
+    """The items of a comma-separated list (spaces ignored); an empty item (``3,,5``, a trailing comma) or an empty
+    list is an error, never silently dropped."""
+    items = tuple(x.strip() for x in text.split(","))
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a comma-separated list, got nothing")
+    if any(x == "" for x in items):
+        raise argparse.ArgumentTypeError(f"empty item in the comma-separated list {text!r}")
+    return items
+
+
 def parse_int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated non-negative integers (``1024,512,0``); anything else is an error naming the list."""
+    items = parse_csv_items(text)
     try:
-        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x != "")
+        vals = tuple(int(x) for x in items)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals:
-        raise argparse.ArgumentTypeError("expected at least one integer")
+    if any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
     return vals
 
 

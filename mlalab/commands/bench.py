@@ -5,24 +5,35 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..timing import ALL_PRECISIONS
+from ..timing import SUITE_PRECISIONS
+from ._common import parse_csv_items as _csv_list
+from ._common import parse_int_list
 
 NAME = "bench"
 HELP = "GPU timings (CUDA graphs, L2-rotated KV) of triton / flashmla / flashinfer / reference-torch; CSV"
 ORDER = 60
 
 
-def _csv_list(text: str) -> tuple[str, ...]:
-    vals = tuple(v for v in text.replace(" ", "").split(",") if v)
-    if not vals:
-        raise argparse.ArgumentTypeError("expected a comma-separated list")
-    return vals
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", default="competition", help="competition (12 shapes) or smoke (2 shapes)")
+    p.add_argument(
+        "--suite",
+        default="competition",
+        help="competition (12 shapes), mixed-mla-2026 (8), layouts (q_len x layout), smoke (2 shapes)",
+    )
+    p.add_argument(
+        "--q-lens",
+        type=parse_int_list,
+        default=None,
+        help="keep only these q_lens of the suite's cases, e.g. 1,2",
+    )
+    p.add_argument(
+        "--layouts",
+        type=_csv_list,
+        default=None,
+        help="keep only these layouts (contiguous, paged64, paged16, tokens) of the suite's cases",
+    )
     p.add_argument("--backends", type=_csv_list, default=("triton", "flashmla", "flashinfer", "reference-torch"))
-    p.add_argument("--precisions", type=_csv_list, default=ALL_PRECISIONS)
+    p.add_argument("--precisions", type=_csv_list, default=SUITE_PRECISIONS)
     p.add_argument("--planners", type=_csv_list, default=("simple",), help="triton planners (mlalab.plan.PLANNERS)")
     p.add_argument(
         "--triton-configs",
@@ -57,6 +68,7 @@ def summarise_recorded(data_dir: str | None = None, *, best_of_all: bool = False
     print(f"recorded data: {view.label}")
     print(f"files read: {', '.join(view.files)}; {rows['gpu'].iloc[0]}, {', '.join(sorted(set(rows['date'])))}")
     table = rows.set_index(["backend", "precision", "batch", "kv_len"])["us_median"].unstack(["batch", "kv_len"])
+    print("µs per call (median of the graph replays; columns: batch × kv_len):")
     print(table.round(2).to_string())
     have = set(zip(rows["backend"], rows["precision"]))
     peers = [s for s in (("flashmla", "a8w8"), ("flashmla", "bf16")) if s in have]
@@ -93,6 +105,8 @@ def run(a: argparse.Namespace) -> int:
         calls_per_graph=a.calls,
         replays=a.replays,
         out=a.out,
+        q_lens=a.q_lens,
+        layouts=a.layouts,
     )
     check_suite_args(a.suite, **kw)  # every argument checked before anything is measured
     if not torch.cuda.is_available():

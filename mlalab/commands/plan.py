@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from ..inputs import paged_layout
-from ..plan import PLANNERS, make_plan
+from ..plan import PLANNERS, indptrs_for, make_plan
+from ..plan.doctor import metadata_dict, save_metadata
 from ._common import add_case_arguments, case_from_args, print_json
 
 NAME = "plan"
@@ -51,12 +49,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_arguments(p)
     p.add_argument("--json", action="store_true", help="print the tensors and the summary as JSON")
     p.add_argument("--max-rows", type=int, default=40, help="works shown in text mode (default %(default)s)")
+    p.add_argument("--save", default=None, metavar="FILE", help="also write the metadata for `mlalab doctor FILE`")
 
 
 def run(a: argparse.Namespace) -> int:
     case = case_from_args(a)
-    kv_indptr, _, last, _ = paged_layout(case.kv_lens, case.page_size, permute=False)
-    qo_indptr = torch.arange(case.batch + 1, dtype=torch.int32) * case.q_len
+    qo_indptr, kv_indptr, *rest = indptrs_for(case.kv_lens, case.q_len, page_size=case.page_size)
+    last = rest[0] if rest else None
     plan = make_plan(
         a.planner,
         qo_indptr,
@@ -68,6 +67,8 @@ def run(a: argparse.Namespace) -> int:
         **plan_knobs(a),
     )
     plan.validate(qo_indptr, kv_indptr)
+    if a.save:
+        save_metadata(a.save, metadata_dict(plan, qo_indptr, kv_indptr, kv_last_page_len=last))
     summ = plan.summary()
     if a.json:
         print_json(

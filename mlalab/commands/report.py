@@ -8,9 +8,21 @@ from pathlib import Path
 
 from ..config import GPU_TARGETS
 from ..report import SECTION_BUILDERS, ReportOptions, default_data_dir, write_report
+from ._common import parse_csv_items
+
+
+def _sections(text: str) -> list[str]:
+    names = list(parse_csv_items(text))
+    unknown = [n for n in names if n not in SECTION_BUILDERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTION_BUILDERS)}"
+        )
+    return names
+
 
 NAME = "report"
-HELP = "write a standalone HTML report (accuracy heatmap, work map, timings, bandwidth floor) to share without Jupyter"
+HELP = "write a standalone HTML report (timings, experiments, accuracy, bandwidth floor, work map) to share offline"
 ORDER = 90
 
 
@@ -24,9 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, default=None, help="recorded measurements (default: the repo's data/)")
     p.add_argument(
         "--sections",
-        type=lambda t: [x for x in t.replace(" ", "").split(",") if x],
+        type=_sections,
         default=None,
         help=f"comma-separated subset of: {','.join(SECTION_BUILDERS)} (default: all)",
+    )
+    p.add_argument(
+        "--details",
+        action="store_true",
+        help="also each design experiment's own per-shape figure (by default the page summarises them in one)",
     )
     p.add_argument("--quiet", action="store_true", help="no per-section progress on stderr")
     p.add_argument(
@@ -44,6 +61,7 @@ def run(a: argparse.Namespace) -> int:
         planner=a.planner,
         seed=a.seed,
         data_dir=a.data_dir if a.data_dir is not None else default_data_dir(),
+        details=a.details,
     )
     path, sections = write_report(
         a.out,
@@ -57,7 +75,7 @@ def run(a: argparse.Namespace) -> int:
         state = f"unavailable: {s.unavailable}" if s.unavailable else f"{len(s.figures)} figure(s)"
         print(f"  {s.key:<10} {state}")
     has_figures = any(s.figures for s in sections)
-    inline = "plotly.js inline: opens offline" if has_figures else "no figures"
+    inline = "plotly.js inline, compressed: opens offline" if has_figures else "no figures"
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {inline})")
     if missing:
         print(f"warning: {len(missing)} section(s) unavailable (the page says why)", file=sys.stderr)

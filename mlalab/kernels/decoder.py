@@ -139,9 +139,12 @@ class Decoder:
         #: the reduce is a programmatic dependent launch of the sm_90 stage 1 (its launch overlaps stage 1)
         self.use_pdl = sm90 and config.pdl and portable.gdc_wait is not None
         self._reduce_launch = self._gluon_reduce(most) if part_dtype == torch.float16 else self._triton_reduce(most)
-        #: the sm_90 stage 1 (None on the portable path)
-        self.sm90 = sm90_host.Sm90Stage1(prepared, plan.work_indptr, work_info, launch_dependents=self.use_pdl) if (
-            sm90) else None  # fmt: skip
+        #: the sm_90 stage 1 (None on the portable path); it runs one q row per work (`sm90.host.row_passes`)
+        self.sm90 = None
+        if sm90:
+            cta_indptr, row_info = sm90_host.row_passes(plan.work_indptr, work_info)
+            self.work_info = row_info.to(dev)
+            self.sm90 = sm90_host.Sm90Stage1(prepared, cta_indptr, row_info, launch_dependents=self.use_pdl)
 
     def _gluon_reduce(self, most: int) -> Callable[[], None]:
         from .sm90 import reduce as R
@@ -213,14 +216,15 @@ class Decoder:
     def _stage1_portable(self, q: torch.Tensor, kv: torch.Tensor) -> None:
         p, K = self.p, self.portable
         gpu = {} if K.INTERPRET else {"num_warps": K.NUM_WARPS, "num_stages": K.NUM_STAGES}
+        scales = p.kv_scale if p.kv_scales is None else p.kv_scales.view(torch.uint8)
         K.stage1_kernel[(self.n_cu,)](
             q, kv, p.kv_indices, self.plan.work_indptr, self.work_info,
-            self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, self.sm_scale,
-            q.stride(0), q.stride(1), kv.stride(0), self.out.stride(0), self.out.stride(1),
+            self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, scales, self.sm_scale,
+            q.stride(0), q.stride(1), kv.stride(0), scales.stride(0), self.out.stride(0), self.out.stride(1),
             H=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=K.block_n(self.pv_exact),
-            PAGE_SIZE=p.page_size,
-            QK_FP8=p.spec.q_fp8, KV_FP8=p.spec.kv_fp8, PV_EXACT=self.pv_exact, P_FP8=self.config.p_fp8,
-            CONTIGUOUS=p.contiguous, **gpu,
+            PAGE_SIZE=p.page_size, QK_FP8=p.spec.q_fp8 and p.spec.kv_fp8, KV_FP8=p.spec.kv_fp8,
+            PV_EXACT=self.pv_exact, P_FP8=self.config.p_fp8 and p.spec.q_fp8,
+            KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(p.spec.kv_format, 0), CONTIGUOUS=p.contiguous, **gpu,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------ measurement
@@ -259,7 +263,7 @@ class Decoder:
         from .sm90 import stage1
 
         cols, most = stage1.TIMELINE_COLS.value, stage1.TIMELINE_MAX.value
-        buf = torch.zeros((self.n_cu, cols), dtype=torch.int64, device=self.out.device)
+        buf = torch.zeros((s1.n_cu, cols), dtype=torch.int64, device=self.out.device)
         if cold_l2:  # read (not write: dirty lines would cost the kernel write-backs) twice the L2 of other data
             torch.empty(2 * L2_BYTES // 4, dtype=torch.float32, device=self.out.device).sum()
         s1.launch(self.p.q if q is None else q, self.p.kv if kv is None else kv, self.work_info, self.out, self.lse,
@@ -268,7 +272,7 @@ class Decoder:
         # the clock of this launch (its CTAs stamp cycles and the global timer); an idle spin's if all were too short
         ghz = None if launch_clock_ghz(stamps) is not None else measure_clock_ghz(self.out.device)
         return timeline_from_stamps(
-            stamps, s1.tiles_per_cta.numpy(), self.plan.work_indptr.diff().cpu().numpy(), clock_ghz=ghz,
+            stamps, s1.tiles_per_cta.numpy(), s1.works_per_cta.numpy(), clock_ghz=ghz,
             kernel=self.ran, max_events=most, clock_source="idle-spin",
         )  # fmt: skip
 

@@ -25,6 +25,10 @@ into the final normalisation for PV):
 * ``a8w8``: fp8 q · fp8 KV; the codes widened to fp16 (exact for e4m3) and both dots run as fp16 MMAs (Triton's
   mma.sync path widens fp8 anyway, and fp16 V is read with ldmatrix); P = exp(S - m) ∈ (0, 1] is rounded through
   the KV's fp8 type first when ``P_FP8`` (aiter's numerics, `KernelConfig.p_fp8`).
+* ``a16w4-mxfp4`` / ``a16w4-nvfp4`` / ``a8w4-*`` (``KV_FP4``): the KV as packed E2M1 codes with block scales
+  (`mlalab.kernels.fp4`), decoded in registers (`_fp4_values`: code -> value, times its block's E8M0 or E4M3 scale;
+  exact in bf16, NVFP4's per-tensor scale is the KV scale); bf16 dots; with fp8 q its codes are widened to bf16
+  (exact) and P is rounded through q's fp8 type when ``P_FP8``.
 * ``PV_EXACT``: both dots on fp32 operands ("ieee"), so the only kernel error is fp32 accumulation (tests; and bf16
   dots in the interpreter, which computes them wrongly).
 
@@ -94,6 +98,36 @@ def _p_fp16(p, fp8_ty: tl.constexpr, P_FP8: tl.constexpr):
 
 
 @triton.jit
+def _fp4_values(KV, KV_SCALES, rows, mask, stride_kv, stride_ks, COL: tl.constexpr, SCOL: tl.constexpr,
+                BLOCK_N: tl.constexpr, N: tl.constexpr, KV_FP4: tl.constexpr):  # fmt: skip
+    """`N` values of each KV row `rows` as fp32: packed E2M1 codes from byte `COL` (even index in the low nibble),
+    times their block scales from scale column `SCOL` (``KV_FP4`` 1: E8M0 per 32 values, 2: E4M3 per 16; NVFP4's
+    per-tensor scale is left to the KV scale). Masked rows give 0."""
+    G: tl.constexpr = 32 if KV_FP4 == 1 else 16
+    offs = tl.arange(0, N // 2)
+    packed = tl.load(KV + rows[:, None] * stride_kv + COL + offs[None, :], mask=mask[:, None], other=0).to(tl.int32)
+    codes = tl.reshape(tl.join(packed & 15, packed >> 4), [BLOCK_N, N])
+    e = (codes >> 1) & 3
+    m = (codes & 1).to(tl.float32)
+    # E2M1 magnitudes 0, 0.5 | 1, 1.5 | 2, 3 | 4, 6
+    mag = tl.where(e == 0, 0.5 * m, tl.where(e == 1, 1.0 + 0.5 * m, tl.where(e == 2, 2.0 + m, 4.0 + 2.0 * m)))
+    val = tl.where(codes >= 8, -mag, mag)
+    offs_s = tl.arange(0, N // G)
+    sc = tl.load(KV_SCALES + rows[:, None] * stride_ks + SCOL + offs_s[None, :], mask=mask[:, None], other=0)
+    if KV_FP4 == 1:  # E8M0: 2^(code - 127); 0 is fp32's subnormal 2^-127, 255 NaN
+        sc = sc.to(tl.int32)
+        bits = tl.where(sc == 255, 0x7FC00000, tl.where(sc > 0, sc << 23, 0x00400000))
+        scale = bits.to(tl.float32, bitcast=True)
+    else:  # E4M3 bytes: 2^(E-7)·(1 + M/8), subnormal 2^-6·M/8, 0x7F NaN (sign in bit 7)
+        sc = sc.to(tl.int32)
+        ex, mt = (sc >> 3) & 15, sc & 7
+        norm = (((ex + 120) << 23) | (mt << 20)).to(tl.float32, bitcast=True)
+        scale = tl.where(ex == 0, mt.to(tl.float32) * 0.001953125, norm)
+        scale = tl.where((sc & 0x7F) == 0x7F, float("nan"), tl.where(sc >= 128, -scale, scale))
+    return tl.reshape(tl.reshape(val, [BLOCK_N, N // G, G]) * scale[:, :, None], [BLOCK_N, N])
+
+
+@triton.jit
 def _online_softmax_step(s, m_i, l_i, mask, qk_scale):
     """One KV tile of the online softmax, in base 2, on scores ``s`` (H, BLOCK_N): scale them, mask the padded
     tokens, update the running max `m` and sum `l`. Returns ``(p, alpha, m_new, l_new)``; the caller rescales its
@@ -118,11 +152,13 @@ def _stage1_kernel(
     PART_O,  # (n_partial_rows, H, 512) fp32
     PART_LSE,  # (n_partial_rows, H) fp32
     Q_SCALE,  # (1,) fp32 dequantisation scale of q (1.0 for bf16)
-    KV_SCALE,  # (1,) fp32 dequantisation scale of the KV (1.0 for bf16)
+    KV_SCALE,  # (1,) fp32 dequantisation scale of the KV (1.0 for bf16 and MXFP4)
+    KV_SCALES,  # fp4 KV: (rows, 576 / block) block scales as bytes (E8M0 or E4M3); else any tensor (unused)
     sm_scale,
     stride_qt,
     stride_qh,
     stride_kv,
+    stride_ks,
     stride_ot,
     stride_oh,
     H: tl.constexpr,
@@ -133,7 +169,8 @@ def _stage1_kernel(
     QK_FP8: tl.constexpr,  # q and K both fp8 (a8w8): both dots on fp16-widened codes
     KV_FP8: tl.constexpr,  # K/V are fp8 codes
     PV_EXACT: tl.constexpr,  # both dots in fp32 "ieee": kernel error only from accumulation (tests)
-    P_FP8: tl.constexpr,  # a8w8: round P through the KV's fp8 type before the PV (aiter's numerics)
+    P_FP8: tl.constexpr,  # fp8 q: round P through the KV's (a8w8) or q's (a8w4) fp8 type before the PV
+    KV_FP4: tl.constexpr,  # 0: fp8 / bf16 KV; 1: MXFP4 codes + E8M0 scales; 2: NVFP4 codes + E4M3 scales
     CONTIGUOUS: tl.constexpr,  # kv_indices is the identity: rows are positions (no gather)
 ):
     pid = tl.program_id(0)
@@ -179,17 +216,26 @@ def _stage1_kernel(
                 mask = pos < kv_end
                 rows = _kv_rows(KV_INDICES, pos, mask, PAGE_SIZE, CONTIGUOUS)
                 # One gather of the 576-dim rows, used as K (all 576) and V (first 512): each byte read once.
-                k_nope = tl.load(KV + rows[:, None] * stride_kv + offs_d[None, :], mask=mask[:, None], other=0.0)
-                k_rope = tl.load(KV + rows[:, None] * stride_kv + D_NOPE + offs_r[None, :], mask=mask[:, None],
-                                 other=0.0)  # fmt: skip
+                if KV_FP4:
+                    G: tl.constexpr = 32 if KV_FP4 == 1 else 16
+                    k_nope = _fp4_values(KV, KV_SCALES, rows, mask, stride_kv, stride_ks, 0, 0, BLOCK_N, D_NOPE,
+                                         KV_FP4)  # fmt: skip
+                    k_rope = _fp4_values(KV, KV_SCALES, rows, mask, stride_kv, stride_ks, D_NOPE // 2, D_NOPE // G,
+                                         BLOCK_N, D_ROPE, KV_FP4)  # fmt: skip
+                else:
+                    k_nope = tl.load(KV + rows[:, None] * stride_kv + offs_d[None, :], mask=mask[:, None], other=0.0)
+                    k_rope = tl.load(KV + rows[:, None] * stride_kv + D_NOPE + offs_r[None, :], mask=mask[:, None],
+                                     other=0.0)  # fmt: skip
                 if PV_EXACT:
                     kq_nope = k_nope.to(tl.float32)
                     kq_rope = k_rope.to(tl.float32)
                 elif QK_FP8:
                     kq_nope = k_nope.to(tl.float16)  # exact; used as K (QK) and as V (PV): no fp8 transpose
                     kq_rope = k_rope.to(tl.float16)
-                elif KV_FP8:
-                    kq_nope = k_nope.to(tl.bfloat16)  # a16w8: widen the codes (exact); the scale is in qk_scale
+                elif KV_FP8 or KV_FP4:
+                    # a16w8: widen the codes (exact); fp4: E2M1 x block scale is exact in bf16. Per-tensor scales
+                    # are in qk_scale / v_scale
+                    kq_nope = k_nope.to(tl.bfloat16)
                     kq_rope = k_rope.to(tl.bfloat16)
                 else:
                     kq_nope = k_nope
@@ -208,6 +254,8 @@ def _stage1_kernel(
                 elif QK_FP8:
                     # fp16 mma: V (reduction dim not contiguous) is read with ldmatrix.trans, unlike fp8.
                     acc = tl.dot(_p_fp16(p, k_nope.dtype, P_FP8), kq_nope, acc)
+                elif P_FP8:  # fp8 q with fp4 KV: P rounded through q's fp8 type (exact in bf16)
+                    acc = tl.dot(p.to(Q.dtype.element_ty).to(tl.bfloat16), kq_nope, acc)
                 else:
                     acc = tl.dot(p.to(tl.bfloat16), kq_nope, acc)
                 m_i = m_new

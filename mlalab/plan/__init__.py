@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .emulate import EmulationResult, ReduceTrace, WorkTrace, dequantized_inputs, emulate_plan
 from .merge import lse_merge
-from .planners import PLANNERS, indptrs_for, intra_batch_splits, make_plan
+from .planners import INT32_MAX, PLANNERS, indptrs_for, intra_batch_splits, make_plan
 from .workplan import WORK_INFO_COLUMNS, PlanError, WorkPlan
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "PlanError",
     "WORK_INFO_COLUMNS",
     "PLANNERS",
+    "INT32_MAX",
     "make_plan",
     "indptrs_for",
     "intra_batch_splits",

@@ -50,6 +50,7 @@ __all__ = [
     "plan_simple",
     "intra_batch_splits",
     "indptrs_for",
+    "INT32_MAX",
 ]
 
 _ceil = lambda a, b: -(-a // b)
@@ -111,6 +112,9 @@ def _prepare(
     qo = qo_indptr.to("cpu", torch.int64).tolist()
     kvp = kv_indptr.to("cpu", torch.int64).tolist()
     B = len(qo) - 1
+    if kvp[-1] > INT32_MAX or qo[-1] > INT32_MAX:
+        raise ValueError(f"kv_indptr ends at {kvp[-1]:,} and qo_indptr at {qo[-1]:,}: past the int32 limit "
+                         f"{INT32_MAX:,} of aiter's metadata tensors")  # fmt: skip
     for b in range(B):
         if qo[b + 1] - qo[b] < 1:
             raise ValueError(f"qo_indptr: request {b} has no query rows (decode needs >= 1)")
@@ -496,8 +500,17 @@ def plan_simple(
     total = sum(lens)
     chunk = max(blk, _ceil(_ceil(total, N), blk) * blk)
     longest = max(lens, default=0)
-    while chunk < longest and sum(max(1, _ceil(n, chunk)) for n in lens) > N:
-        chunk += blk
+    lens_t = torch.tensor(lens, dtype=torch.int64)
+
+    def fits(c: int) -> bool:  # the growth stops here: the works fit one wave, or the chunk holds the longest
+        return c >= longest or int(((lens_t + c - 1) // c).clamp_min(1).sum()) <= N
+
+    if not fits(chunk):  # grow by `block` to the first chunk that fits; fits() is monotone, so bisect the steps
+        lo, hi = 1, _ceil(longest - chunk, blk)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(chunk + mid * blk) else (mid + 1, hi)
+        chunk += lo * blk
     pieces: list[tuple[int, int, int]] = []  # (batch, kv_start, kv_end), request-major
     for b, n in enumerate(lens):
         k0 = x.kvp[b]
@@ -535,13 +548,34 @@ def make_plan(
     return fn(qo_indptr, kv_indptr, target, **knobs)
 
 
-def indptrs_for(kv_lens: Sequence[int], q_len: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(qo_indptr, kv_indptr)`` int32 for page size 1: a convenience for planning without inputs."""
+INT32_MAX = 2**31 - 1  # aiter's metadata tensors (and ours) are int32
+
+
+def indptrs_for(
+    kv_lens: Sequence[int], q_len: int = 1, *, page_size: int = 1
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(qo_indptr, kv_indptr)`` int32 for contiguous pages (a convenience for planning without inputs); with
+    ``page_size > 1`` also ``kv_last_page_len``. Vectorised (no per-token tensor); totals past int32 are refused."""
+    if isinstance(kv_lens, torch.Tensor):
+        kv_lens = kv_lens.tolist()
     lens = [int(n) for n in kv_lens]
     if not lens or any(n < 0 for n in lens):
-        raise ValueError(f"kv_lens must be a non-empty list of non-negative ints, got {kv_lens!r}")
+        raise ValueError(f"kv_lens must be a non-empty list of non-negative ints, got {str(kv_lens)[:80]}")
     _pos_int("q_len", q_len)
-    qo = torch.arange(len(lens) + 1, dtype=torch.int32) * q_len
-    kv = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    kv[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0).to(torch.int32)
-    return qo, kv
+    ps = _pos_int("page_size", page_size)
+    t = torch.tensor(lens, dtype=torch.int64)
+    pages = (t + ps - 1) // ps
+    total = int(pages.sum())
+    if total > INT32_MAX:
+        unit = "tokens" if ps == 1 else f"pages of {ps}"
+        raise ValueError(f"the batch holds {total:,} KV {unit}, past the int32 limit {INT32_MAX:,} of aiter's metadata "
+                         "tensors (kv_indptr is int32): split the batch")  # fmt: skip
+    if len(lens) * q_len > INT32_MAX:
+        raise ValueError(f"{len(lens) * q_len:,} q rows exceed the int32 limit {INT32_MAX:,} of qo_indptr")
+    qo = torch.arange(len(lens) + 1, dtype=torch.int64).mul_(q_len).to(torch.int32)
+    kv = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    kv[1:] = torch.cumsum(pages, 0)
+    if ps == 1:
+        return qo, kv.to(torch.int32)
+    last = torch.where(t > 0, t - (pages - 1) * ps, torch.zeros_like(t)).to(torch.int32)
+    return qo, kv.to(torch.int32), last

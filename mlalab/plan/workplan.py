@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from ..checks import check_indptr, check_tensor
+from .invariants import check_metadata
 
 __all__ = ["WorkPlan", "WORK_INFO_COLUMNS", "Fragment", "build_plan", "PlanError"]
 
@@ -251,107 +252,34 @@ class WorkPlan:
 
     # ------------------------------------------------------------------ contract
     def validate(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> WorkPlan:
-        """Check the plan against the batch it was made for; raise `PlanError` naming the first problem.
+        """Check the plan against the batch it is used with; raise `PlanError` naming the first problem.
 
-        Every KV position of every request is covered exactly once (in order, no gap, no overlap); every split
-        request is merged by exactly one reduce tile whose partials are exactly its works' rows; every unsplit
-        request has one work with ``partial_qo_loc = -1``; partial rows never overlap; indices are in range.
-        Returns self so calls chain.
+        Every KV position of every request is covered exactly once (no gap, no overlap); every split request is
+        merged by exactly one reduce tile whose partials are exactly its works' rows; every unsplit request has one
+        work with ``partial_qo_loc = -1``; partial rows never overlap and fit ``n_partial_rows``; ``kv_offset`` is
+        right; indices are in range. The checks are `mlalab.plan.invariants.check_metadata` (the doctor reports all
+        of its findings). Returns self so calls chain.
         """
         check_indptr("qo_indptr", qo_indptr)
         check_indptr("kv_indptr", kv_indptr, length=qo_indptr.numel())
-        qo = qo_indptr.to("cpu", torch.int64).tolist()
-        kvp = kv_indptr.to("cpu", torch.int64).tolist()
-        B = len(qo) - 1
+        B = qo_indptr.numel() - 1
         if self.batch != B:
             raise PlanError(f"plan is for batch {self.batch}, indptrs describe {B} requests")
-        wip = self.work_indptr.to("cpu", torch.int64).tolist()
-        if wip[0] != 0 or any(b < a for a, b in zip(wip, wip[1:])):
-            raise PlanError("work_indptr must start at 0 and be non-decreasing")
-        if wip[-1] != self.n_work:
-            raise PlanError(f"work_indptr[-1] = {wip[-1]} but work_info has {self.n_work} rows")
-        works = self.work_info.to("cpu", torch.int64).tolist()
-        frags: list[list[tuple[int, int, int, int]]] = [[] for _ in range(B)]  # (ks, ke, slot, work)
-        used_rows: list[tuple[int, int, int]] = []
-        for w, (b, slot, qs, qe, ks, ke, off, pad) in enumerate(works):
-            if not 0 <= b < B:
-                raise PlanError(f"work {w}: batch_idx {b} out of range [0, {B})")
-            if (qs, qe) != (qo[b], qo[b + 1]):
-                raise PlanError(f"work {w}: q rows [{qs}, {qe}) are not request {b}'s [{qo[b]}, {qo[b + 1]})")
-            if not kvp[b] <= ks <= ke <= kvp[b + 1]:
-                raise PlanError(f"work {w}: kv [{ks}, {ke}) outside request {b}'s [{kvp[b]}, {kvp[b + 1]})")
-            if ks == ke and kvp[b + 1] != kvp[b]:
-                raise PlanError(f"work {w}: empty kv range for request {b}, which has KV")
-            if self.kv_lens:
-                after = max(0, self.kv_lens[b] - (ke - kvp[b]) * self.page_size)
-                if off != after:
-                    raise PlanError(f"work {w}: kv_offset {off} but {after} tokens of request {b} follow kv_end")
-            if pad != 0:
-                raise PlanError(f"work {w}: pad must be 0, got {pad}")
-            if slot < -1:
-                raise PlanError(f"work {w}: partial_qo_loc {slot} < -1")
-            if slot >= 0:
-                if slot + (qe - qs) > self.n_partial_rows:
-                    raise PlanError(f"work {w}: partial rows [{slot}, {slot + qe - qs}) exceed {self.n_partial_rows}")
-                used_rows.append((slot, slot + qe - qs, w))
-            frags[b].append((ks, ke, slot, w))
-        used_rows.sort()
-        for (a0, a1, wa), (b0, _, wb) in zip(used_rows, used_rows[1:]):
-            if b0 < a1:
-                raise PlanError(f"works {wa} and {wb} write overlapping partial rows ({a0}..{a1} and {b0}..)")
-        # reduce tiles
-        rip = self.reduce_indptr.to("cpu", torch.int64).tolist()
-        if rip[0] != 0 or any(b < a for a, b in zip(rip, rip[1:])):
-            raise PlanError("reduce_indptr must start at 0 and be non-decreasing")
-        if rip[-1] > self.reduce_partial_map.numel():
-            n = self.reduce_partial_map.numel()
-            raise PlanError(f"reduce_indptr[-1] = {rip[-1]} > reduce_partial_map size {n}")
-        pmap = self.reduce_partial_map.to("cpu", torch.int64).tolist()
-        fmap = self.reduce_final_map.to("cpu", torch.int64).tolist()
-        merged: dict[int, list[int]] = {}
-        req_of_rows = {(qo[b], qo[b + 1]): b for b in range(B)}
-        for t in range(self.n_tiles):
-            entries = pmap[rip[t] : rip[t + 1]]
-            if any(not -1 <= p < self.n_partial_rows for p in entries):
-                raise PlanError(f"reduce tile {t}: partial rows {entries} out of range [-1, {self.n_partial_rows})")
-            if len(entries) < 2:
-                continue  # skipped by the reduce, as in aiter
-            rows = tuple(fmap[t])
-            if rows not in req_of_rows:
-                raise PlanError(f"reduce tile {t}: output rows {rows} are not one request's q rows")
-            b = req_of_rows[rows]
-            if b in merged:
-                raise PlanError(f"request {b} is reduced twice (tiles {merged[b][0]} and {t})")
-            merged[b] = [t, *entries]
-        for b in range(B):
-            fr = sorted(frags[b])
-            if not fr:
-                raise PlanError(f"request {b} has no work")
-            pos = kvp[b]
-            for ks, ke, _, w in fr:
-                if ks != pos:
-                    kind = "overlaps" if ks < pos else "leaves a gap before"
-                    raise PlanError(f"request {b}: work {w} (kv [{ks}, {ke})) {kind} position {pos}")
-                pos = ke
-            if pos != kvp[b + 1]:
-                raise PlanError(f"request {b}: KV positions [{pos}, {kvp[b + 1]}) are not covered")
-            if kvp[b + 1] == kvp[b] and len(fr) != 1:
-                raise PlanError(f"request {b} has no KV and must have exactly one (empty) work, has {len(fr)}")
-            slots = [s for _, _, s, _ in fr]
-            if len(fr) == 1:
-                if slots[0] != -1:
-                    raise PlanError(f"request {b} is not split but its work writes partial row {slots[0]}")
-                if b in merged:
-                    raise PlanError(f"request {b} is not split but reduce tile {merged[b][0]} merges it")
-            else:
-                if any(s < 0 for s in slots):
-                    raise PlanError(f"request {b} is split in {len(fr)} works but one writes the output directly")
-                if b not in merged:
-                    raise PlanError(f"request {b} is split in {len(fr)} works but no reduce tile merges it")
-                if sorted(merged[b][1:]) != sorted(slots):
-                    raise PlanError(
-                        f"request {b}: reduce tile {merged[b][0]} merges rows {merged[b][1:]}, works wrote {slots}"
-                    )
+        if int(self.work_indptr[-1]) != self.n_work:
+            raise PlanError(f"work_indptr[-1] = {int(self.work_indptr[-1])} but work_info has {self.n_work} rows")
+        findings = check_metadata(
+            *self.tensors().values(),
+            qo_indptr,
+            kv_indptr,
+            n_partial_rows=self.n_partial_rows,
+            kv_lens=self.kv_lens or None,
+            page_size=self.page_size,
+        )
+        if findings:
+            more = (
+                f" (and {len(findings) - 1} more findings: mlalab.plan.doctor lists them)" if len(findings) > 1 else ""
+            )
+            raise PlanError(findings[0].message + more)
         return self
 
     def __repr__(self) -> str:

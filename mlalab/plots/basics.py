@@ -6,10 +6,12 @@ import plotly.graph_objects as go
 
 from ..config import GPU_TARGETS, DecodeCase
 from ..traffic import decode_traffic
+from .palette import color_for, place_title
 
 
 def floor_by_target_figure(case: DecodeCase, kv_formats: tuple[str, ...] = ("bf16", "fp8", "mxfp4")) -> go.Figure:
-    """Grouped bars: bandwidth floor (µs) per GPU target, one bar group per KV storage format.
+    """Grouped bars: bandwidth floor (µs) per GPU target, one bar per KV storage format in `kv_formats` order, each
+    format in its palette colour (`mlalab.plots.palette`), so a format keeps its colour whatever else is shown.
 
     H200 uses the copy bandwidth measured on our H200; MI300X/MI355X use datasheet peaks (labelled)."""
     fig = go.Figure()
@@ -24,18 +26,20 @@ def floor_by_target_figure(case: DecodeCase, kv_formats: tuple[str, ...] = ("bf1
             x=names,
             y=floors,
             name=f"KV {fmt}",
+            marker_color=color_for("scheme", fmt),
             text=[f"{f:.1f}" for f in floors],
             textposition="outside",
             hovertemplate="%{x}<br>floor %{y:.2f} µs<extra>KV " + fmt + "</extra>",
         )
     fig.update_layout(
         title=f"Bandwidth floor of one decode call — {case.short_str()}",
-        yaxis_title="µs (bytes / bandwidth)",
+        yaxis_title="floor: µs per call (bytes / bandwidth)",
+        xaxis_title="GPU (bandwidth used for the floor)",
         barmode="group",
         height=420,
         margin={"t": 60, "b": 40},
     )
-    return fig
+    return place_title(fig)
 
 
 def floor_vs_kv_len_figure(
@@ -51,13 +55,15 @@ def floor_vs_kv_len_figure(
             decode_traffic(DecodeCase.uniform(batch, L), fmt, 2.0 if fmt == "bf16" else 1.0).floor_us(target)
             for L in kv_lens
         ]
-        fig.add_scatter(x=list(kv_lens), y=ys, mode="lines+markers", name=f"KV {fmt}")
+        fig.add_scatter(
+            x=list(kv_lens), y=ys, mode="lines+markers", name=f"KV {fmt}", line_color=color_for("scheme", fmt)
+        )
     fig.update_layout(
         title=f"Bandwidth floor vs kv_len, batch {batch}, {target}",
         xaxis_type="log",
         yaxis_type="log",
         xaxis_title="kv_len (tokens per request)",
-        yaxis_title="µs",
+        yaxis_title="floor: µs per call (bytes / bandwidth)",
         height=380,
     )
-    return fig
+    return place_title(fig)

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import plotly.colors as pc
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
 from ..plan import EmulationResult, WorkPlan
+from .palette import place_title
 
-__all__ = ["work_map_figure", "cu_load_figure", "reduce_groups_figure", "step_through_figure"]
+__all__ = [
+    "work_map_figure",
+    "cu_load_figure",
+    "reduce_groups_figure",
+    "step_through_figure",
+    "gantt_figure",
+    "targets_figure",
+    "coverage_figure",
+    "model_vs_measured_figure",
+]
 
 _PALETTE = pc.qualitative.Plotly + pc.qualitative.D3 + pc.qualitative.Set3
 
@@ -18,6 +29,18 @@ def _check_plan(plan: object) -> WorkPlan:
     if not isinstance(plan, WorkPlan):
         raise TypeError(f"plan must be a WorkPlan, got {type(plan).__name__}")
     return plan
+
+
+def _last_busy(plan: WorkPlan) -> int:
+    """The highest CU with work (the figures zoom to CUs 0..this one)."""
+    counts = (plan.work_indptr[1:] - plan.work_indptr[:-1]).to("cpu")
+    busy = torch.nonzero(counts > 0).flatten()
+    return int(busy[-1]) if busy.numel() else 0
+
+
+def _cu_axis_title(plan: WorkPlan, last: int) -> str:
+    hidden = plan.num_cus - 1 - last
+    return "CU (persistent workgroup)" + (f"; CUs {last + 1}-{plan.num_cus - 1} idle, not drawn" if hidden else "")
 
 
 def _discrete_colorscale(n: int) -> list[list[object]]:
@@ -60,15 +83,16 @@ def work_map_figure(plan: WorkPlan, *, title: str | None = None) -> go.Figure:
         )
     )
     s = plan.summary()
+    last = _last_busy(plan)
     fig.update_layout(
         title=title
         or f"{plan.planner}: {s['works']} works on {s['busy_cus']} of {plan.num_cus} CUs ({s['idle_cus']} idle)",
-        xaxis_title="CU (persistent workgroup)",
+        xaxis={"title": _cu_axis_title(plan, last), "range": [-0.5, last + 0.5]},
         yaxis_title="work slot on the CU (run in order)",
         height=260 + 22 * n_slots,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    return fig
+    return place_title(fig)
 
 
 def cu_load_figure(plan: WorkPlan) -> go.Figure:
@@ -90,13 +114,13 @@ def cu_load_figure(plan: WorkPlan) -> go.Figure:
         barmode="stack",
         title=f"KV tokens per CU: max {s['max_cu_load_tokens']}, min busy {s['min_busy_cu_load_tokens']}, "
         f"mean {s['mean_cu_load_tokens']:.1f}; {s['idle_cus']} of {plan.num_cus} CUs idle",
-        xaxis={"title": "CU", "range": [-0.5, plan.num_cus - 0.5]},
+        xaxis={"title": _cu_axis_title(plan, _last_busy(plan)), "range": [-0.5, _last_busy(plan) + 0.5]},
         yaxis_title="KV tokens",
         height=320,
         bargap=0.05,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    return fig
+    return place_title(fig)
 
 
 def reduce_groups_figure(plan: WorkPlan) -> go.Figure:
@@ -133,26 +157,115 @@ def reduce_groups_figure(plan: WorkPlan) -> go.Figure:
         height=300,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    return fig
+    return place_title(fig)
+
+
+def gantt_figure(plan: WorkPlan, *, overhead: int = 64, title: str | None = None) -> go.Figure:
+    """Per-CU Gantt chart of the plan as the cost model sees it: each CU's works in execution order, each as long as
+    its KV tokens plus `overhead` (tokens); zoomed to the busy CUs."""
+    _check_plan(plan)
+    if isinstance(overhead, bool) or not isinstance(overhead, int) or overhead < 0:
+        raise ValueError(f"overhead must be an int >= 0, got {overhead!r}")
+    df = plan.to_frame()
+    df["cost"] = df["kv_tokens"] + overhead
+    df["start"] = df.groupby("cu")["cost"].cumsum() - df["cost"]
+    fig = go.Figure()
+    for b, g in df.groupby("batch_idx"):
+        fig.add_bar(
+            y=g["cu"],
+            x=g["cost"],
+            base=g["start"],
+            orientation="h",
+            name=f"request {b}",
+            marker_color=_PALETTE[int(b) % len(_PALETTE)],
+            showlegend=plan.batch <= 16,
+            customdata=g[["kv_start", "kv_end", "kv_tokens", "slot"]].to_numpy(),
+            hovertemplate="CU %{y}, slot %{customdata[3]}: request "
+            + str(b)
+            + "<br>kv [%{customdata[0]}, %{customdata[1]}) = %{customdata[2]} tokens<extra></extra>",
+        )
+    span = int((df.groupby("cu")["cost"].sum()).max()) if len(df) else 0
+    last = _last_busy(plan)
+    fig.update_layout(
+        title={
+            "text": title
+            or f"{plan.planner}: each CU's works in order<br>(tokens + {overhead} per work); "
+            f"modelled makespan {span} tokens",
+            "font": {"size": 14},
+        },
+        barmode="overlay",
+        xaxis_title="modelled time (tokens)",
+        yaxis={"title": "CU", "range": [last + 0.5, -0.5]},
+        height=max(280, min(900, 120 + 9 * (last + 1))),
+        bargap=0.15,
+        margin={"l": 60, "r": 20, "t": 70, "b": 50},
+        legend={"font": {"size": 10}},
+    )
+    return place_title(fig)
+
+
+def targets_figure(plans: dict[str, WorkPlan], *, overhead: int = 64) -> go.Figure:
+    """The same batch planned for several GPUs, side by side: modelled cost (tokens + `overhead` per work) per CU,
+    each panel zoomed to its busy CUs."""
+    if not isinstance(plans, dict) or not plans or not all(isinstance(p, WorkPlan) for p in plans.values()):
+        raise TypeError("plans must be a non-empty dict name -> WorkPlan")
+    titles = []
+    for name, p in plans.items():
+        s = p.summary()
+        titles.append(f"{name}: {s['works']} works<br>{s['busy_cus']} of {p.num_cus} CUs busy")
+    fig = make_subplots(rows=1, cols=len(plans), subplot_titles=titles, horizontal_spacing=0.08)
+    for i, p in enumerate(plans.values(), start=1):
+        counts = (p.work_indptr[1:] - p.work_indptr[:-1]).to(torch.int64)
+        cost = (p.cu_loads() + overhead * counts).tolist()
+        last = _last_busy(p)
+        fig.add_bar(
+            x=list(range(last + 1)),
+            y=cost[: last + 1],
+            row=1,
+            col=i,
+            showlegend=False,
+            marker_color=_PALETTE[i - 1],
+            hovertemplate="CU %{x}: %{y} tokens + overheads<extra></extra>",
+        )
+        fig.update_xaxes(title_text=f"CU (0-{last})", row=1, col=i)
+    fig.update_yaxes(title_text="modelled cost (tokens)", row=1, col=1)
+    fig.update_layout(
+        height=340,
+        margin={"l": 60, "r": 20, "t": 90, "b": 50},
+        title={"text": "The same batch on each GPU (bars: modelled cost per busy CU)", "y": 0.98},
+    )
+    return place_title(fig, gap=52)  # (above the two-line subplot titles)
 
 
 def step_through_figure(
-    result: EmulationResult, reference_out: torch.Tensor, *, request: int = 0, head: int = 0, row: int = 0
+    result: EmulationResult,
+    reference_out: torch.Tensor,
+    *,
+    request: int = 0,
+    head: int = 0,
+    row: int = 0,
+    step: int | None = None,
 ) -> go.Figure:
     """One request, one head: each partial's output norm and LSE, the merge weights, and the final error.
 
     `result` must come from ``emulate_plan(..., trace=True)``; `reference_out` is the reference output of the
-    same inputs (the title reports the relative error of the merged row)."""
+    same inputs (the title reports the relative error of the merged row). `step` (0..works+1; default: all) shows
+    stage 1 after that many works (the others greyed) and, at ``works + 1``, the reduce."""
     if not isinstance(result, EmulationResult) or result.trace is None:
         raise ValueError("result must be an EmulationResult made with trace=True")
     works = sorted((w for w in result.trace["works"] if w.batch == request), key=lambda w: w.kv_start)
     if not works:
         raise ValueError(f"the trace has no work for request {request}")
+    n = len(works)
+    step = n + 1 if step is None else step
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= n + 1:
+        raise ValueError(f"step must be an int in [0, {n + 1}], got {step!r}")
     red = [r for r in result.trace["reduce"] if r.batch == request]
-    labels = [f"tok {w.tokens[0]}-{w.tokens[1]}<br>CU {w.cu}" for w in works]
+    labels = [f"{w.tokens[0]}-{w.tokens[1]}" for w in works]
     lse = [float(w.lse[row, head]) for w in works]
     norm = [float(w.out_norm[row, head]) for w in works]
     weights = [float(v) for v in red[0].weights[:, row, head]] if red else [1.0]
+    done = [i < step for i in range(n)]
     r = works[0].q_rows[0] + row
     out_row = result.out[r, head]
     ref_row = reference_out[r, head].to(out_row.dtype)
@@ -161,18 +274,131 @@ def step_through_figure(
     fig = make_subplots(
         rows=1,
         cols=3,
-        subplot_titles=("partial output norm ‖O_i‖", "partial LSE L_i (natural log)", "merge weight exp(L_i − M)/Σ"),
+        horizontal_spacing=0.09,
+        subplot_titles=("partial output norm ‖O_i‖", "partial LSE L_i", "merge weight w_i"),
     )
-    fig.add_bar(x=labels, y=norm, row=1, col=1, marker_color="#636efa", showlegend=False)
-    fig.add_bar(x=labels, y=lse, row=1, col=2, marker_color="#ef553b", showlegend=False)
-    fig.add_scatter(
-        x=labels, y=[merged_lse] * len(labels), mode="lines", name="merged LSE", row=1, col=2, line={"dash": "dash"}
+
+    def colours(c: str) -> list[str]:
+        return [c if d else "#d0d0d0" for d in done]
+
+    fig.add_bar(
+        x=labels,
+        y=[v if d else 0 for v, d in zip(norm, done)],
+        row=1,
+        col=1,
+        marker_color=colours("#636efa"),
+        showlegend=False,
+        name="partial norm",
     )
-    fig.add_bar(x=labels, y=weights, row=1, col=3, marker_color="#00cc96", showlegend=False)
-    how = f"{len(works)} partials merged" if red else "not split: one work wrote the output directly"
+    fig.add_bar(
+        x=labels,
+        y=[v if d else None for v, d in zip(lse, done)],
+        row=1,
+        col=2,
+        marker_color=colours("#ef553b"),
+        showlegend=False,
+        name="partial LSE",
+    )
+    at_reduce = step == n + 1
+    if at_reduce:
+        fig.add_scatter(
+            x=labels, y=[merged_lse] * n, mode="lines", name="merged LSE", row=1, col=2, line={"dash": "dash"}
+        )
+        fig.add_bar(x=labels, y=weights, row=1, col=3, marker_color="#00cc96", showlegend=False, name="merge weight")
+    lo = min((v for v, d in zip(lse, done) if d), default=0.0)
+    fig.update_yaxes(range=[lo - 0.5, max(lse + [merged_lse]) + 0.5], row=1, col=2)
+    fig.update_xaxes(
+        title_text="tokens of the work", tickangle=-45 if n > 6 else 0, tickfont={"size": 9}, nticks=min(n, 12)
+    )
+    if not red:
+        how = "not split: one work wrote the output directly"
+    elif at_reduce:
+        how = f"{n} partials merged, merged LSE {merged_lse:.4f}, rel-L2 vs reference {err:.1e}"
+    else:
+        how = f"stage 1 after {step} of {n} works (the reduce runs at step {n + 1})"
     fig.update_layout(
-        title=f"Request {request}, head {head}: {how}; merged LSE {merged_lse:.4f}; rel-L2 vs reference {err:.1e}",
-        height=360,
-        margin={"l": 50, "r": 20, "t": 70, "b": 60},
+        title={"text": f"Request {request}, head {head}: {how}", "font": {"size": 14}},
+        height=380,
+        margin={"l": 50, "r": 20, "t": 80, "b": 90},
     )
-    return fig
+    return place_title(fig, gap=34)  # (above the subplot titles)
+
+
+def coverage_figure(plan: WorkPlan, kv_indptr: torch.Tensor, findings: list | None = None) -> go.Figure:
+    """Each request's KV (y = request, x = position from its start) with the works that cover it, coloured by CU;
+    the doctor's ``uncovered`` findings drawn as red bars and ``covered_twice`` ones as black bars beside."""
+    _check_plan(plan)
+    kvp = kv_indptr.to("cpu", torch.int64).tolist()
+    df = plan.to_frame()
+    df = df[(df.batch_idx >= 0) & (df.batch_idx < len(kvp) - 1)]
+    start = [kvp[b] for b in df.batch_idx]
+    fig = go.Figure()
+    fig.add_bar(
+        y=df.batch_idx,
+        x=df.kv_end - df.kv_start,
+        base=[k - s for k, s in zip(df.kv_start, start)],
+        orientation="h",
+        marker={"color": [_PALETTE[c % len(_PALETTE)] for c in df.cu], "line": {"width": 1, "color": "white"}},
+        name="works (colour = CU)",
+        customdata=df[["work", "cu"]].to_numpy(),
+        width=0.6,
+        hovertemplate="work %{customdata[0]} on CU %{customdata[1]}<extra></extra>",
+    )
+    for kind, colour, name, dy in (
+        ("uncovered", "#d62728", "not covered", 0.35),
+        ("covered_twice", "black", "covered twice", -0.35),
+    ):
+        hits = [f for f in (findings or []) if f.kind == kind and f.request is not None and f.first is not None]
+        if hits:
+            fig.add_bar(
+                y=[f.request + dy for f in hits],
+                x=[f.count for f in hits],
+                width=0.25,
+                base=[f.first - kvp[f.request] for f in hits],
+                orientation="h",
+                marker_color=colour,
+                name=name,
+                hovertext=[f.message for f in hits],
+                hoverinfo="text",
+            )
+    fig.update_layout(
+        barmode="overlay",
+        height=max(260, 60 + 28 * (len(kvp) - 1)),
+        title="KV coverage per request: works (colour = CU), holes in red, double cover in black",
+        xaxis_title="KV position within the request",
+        yaxis={"title": "request", "autorange": "reversed"},
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+    )
+    return place_title(fig)
+
+
+def model_vs_measured_figure(df: pd.DataFrame) -> go.Figure:
+    """Measured µs (y) against the modelled makespan (x), one point per (batch, policy), one colour per batch; the
+    title gives the Spearman correlation within batches (the model only ranks plans of one batch)."""
+    need = {"mix", "seed", "policy", "makespan", "us_median"}
+    if not isinstance(df, pd.DataFrame) or not need <= set(df.columns):
+        raise ValueError(f"df must be an explorer recording with columns {sorted(need)}")
+    d = df.dropna(subset=["us_median"])
+    fig = go.Figure()
+    rhos = []
+    for i, ((mix, seed), g) in enumerate(d.groupby(["mix", "seed"])):
+        fig.add_scatter(
+            x=g["makespan"],
+            y=g["us_median"],
+            mode="markers",
+            name=f"{mix} {seed}",
+            text=g["policy"],
+            marker={"color": _PALETTE[i % len(_PALETTE)], "size": 9},
+            hovertemplate="%{text}: model %{x} tokens, measured %{y:.1f} µs<extra></extra>",
+        )
+        if len(g) >= 3:
+            rhos.append(g["makespan"].rank().corr(g["us_median"].rank()))
+    rho = sum(rhos) / len(rhos) if rhos else float("nan")
+    fig.update_layout(
+        title=f"Model vs measured: mean Spearman ρ within a batch {rho:.2f} ({len(rhos)} batches)",
+        xaxis={"title": "modelled makespan (tokens)", "type": "log"},
+        yaxis={"title": "measured µs per call", "type": "log"},
+        height=420,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+    )
+    return place_title(fig)

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..records.profiles import ABLATIONS, check_ablations, timeline_events
+from .palette import place_title
 
 __all__ = ["PHASES", "cta_timeline_figure", "ablation_figure", "check_goal", "finish_ratio_figure"]
 
@@ -72,7 +73,7 @@ def cta_timeline_figure(events: pd.DataFrame, batch: int, kv_len: int, *, title:
         height=520,
         legend={"orientation": "h", "y": -0.2},
     )
-    return fig
+    return place_title(fig)
 
 
 def ablation_figure(profile: pd.DataFrame, goal: float = 0.65) -> go.Figure:
@@ -116,4 +117,4 @@ def finish_ratio_figure(fig: go.Figure, goal: float | None, title: str, peer: st
         height=440,
         legend={"orientation": "h", "y": -0.25},
     )
-    return fig
+    return place_title(fig)

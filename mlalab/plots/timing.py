@@ -13,6 +13,7 @@ from ..config import DecodeCase
 from ..plan import WorkPlan
 from ..records.timings import PRE_ONE_WAVE_RUNS, RecordedView, as_view, plan_check, series_rows
 from ..traffic import decode_traffic
+from .palette import PRECISION_DASH, PRECISION_PATTERN, color_for, place_title
 from .splitkv import cu_load_figure, work_map_figure
 
 __all__ = ["BF16_MATMUL_ROOF_TFLOPS", "ROOF_SOURCE", "bars_per_shape", "bandwidth_figure", "roofline_figure",
@@ -35,6 +36,15 @@ def _name(view: RecordedView, d: pd.DataFrame, be: str, prec: str) -> str:
     return f"{be} {prec}" + (f" (best of ≤{int(d['n_candidates'].max())})" if view.best_of_all else "")
 
 
+def _bar_style(be: str, prec: str) -> dict[str, Any]:
+    """A backend's palette colour, its precision as the pattern (a8w8 plain)."""
+    return {"color": color_for("backend", be), "pattern_shape": PRECISION_PATTERN.get(prec, "x")}
+
+
+def _line_style(be: str, prec: str) -> dict[str, Any]:
+    return {"color": color_for("backend", be), "dash": PRECISION_DASH.get(prec, "dashdot")}
+
+
 def _files_note(view: RecordedView) -> str:
     return f"files: {', '.join(view.files)}"
 
@@ -50,14 +60,16 @@ def bars_per_shape(
     for be, prec in series:
         d = series_rows(view, be, prec)
         fig.add_bar(x=_label(d), y=d["us_median"], name=_name(view, d, be, prec), hovertext=d["source"],
-                    error_y={"type": "data", "array": d["us_iqr"] / 2})  # fmt: skip
+                    marker=_bar_style(be, prec), error_y={"type": "data", "array": d["us_iqr"] / 2})  # fmt: skip
     if series:
         d = series_rows(view, *series[0])
-        fig.add_scatter(x=_label(d), y=d["floor_us"], mode="markers", name=f"floor ({series[0][1]} bytes)")
+        fig.add_scatter(x=_label(d), y=d["floor_us"], mode="markers", name=f"floor ({series[0][1]} bytes)",
+                        marker={"color": "black", "symbol": "line-ew-open", "size": 14})  # fmt: skip
     title = f"Decode time per shape — {view.short}<br><sub>{_files_note(view)}</sub>"
-    fig.update_layout(barmode="group", yaxis_title="µs per call (median, IQR bars)", xaxis_title="shape",
+    fig.update_layout(barmode="group", yaxis_title="µs per call (median, IQR bars)",
+                      xaxis_title="shape (batch · KV tokens per request)",
                       yaxis_type="log", title=title)  # fmt: skip
-    return fig
+    return place_title(fig)
 
 
 def bandwidth_figure(
@@ -70,12 +82,13 @@ def bandwidth_figure(
     for be, prec in series:
         d = series_rows(view, be, prec)
         fig.add_scatter(x=_label(d), y=d["tbps"], mode="lines+markers", name=_name(view, d, be, prec),
-                        hovertext=d["source"])  # fmt: skip
+                        hovertext=d["source"], line=_line_style(be, prec))  # fmt: skip
     bw = float(view.rows["copy_tbps"].median())
     fig.add_hline(y=bw, line_dash="dash", annotation_text=f"copy {bw:.2f} TB/s (median over {len(view.files)} run(s))")
-    fig.update_layout(yaxis_title="achieved TB/s (bytes counted once)", xaxis_title="shape",
+    fig.update_layout(yaxis_title="achieved bandwidth, TB/s (bytes counted once)",
+                      xaxis_title="shape (batch · KV tokens per request)",
                       title=f"Bandwidth — {view.short}<br><sub>{_files_note(view)}</sub>")  # fmt: skip
-    return fig
+    return place_title(fig)
 
 
 def roofline_figure(
@@ -99,11 +112,13 @@ def roofline_figure(
         flop = pd.Series([decode_traffic(DecodeCase.uniform(int(b), int(L))).flops
                           for b, L in zip(d["batch"], d["kv_len"])], index=d.index)  # fmt: skip
         fig.add_scatter(x=flop / d["bytes"], y=flop / (d["us_median"] * 1e-6) / 1e12, mode="markers",
-                        name=_name(view, d, be, prec), text=_label(d), hovertext=d["source"])  # fmt: skip
-    fig.update_layout(xaxis_type="log", yaxis_type="log", xaxis_title="FLOP per byte", yaxis_title="TFLOP/s",
+                        name=_name(view, d, be, prec), text=_label(d), hovertext=d["source"],
+                        marker={"color": color_for("backend", be)})  # fmt: skip
+    fig.update_layout(xaxis_type="log", yaxis_type="log", xaxis_title="arithmetic intensity (FLOP per byte)",
+                      yaxis_title="achieved TFLOP/s",
                       title=f"Roofline (useful FLOP: 16 heads, no padding) — {view.short}<br><sub>{roof}; "
                       f"{_files_note(view)}</sub>")  # fmt: skip
-    return fig
+    return place_title(fig)
 
 
 def plan_time_facts(row: pd.Series, plan: WorkPlan) -> dict[str, Any]:

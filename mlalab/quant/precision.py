@@ -1,8 +1,10 @@
-"""The precision table: what "a8w8", "a16w8" and "bf16" mean, defined once for every layer.
+"""The precision table: what "a8w8", "a16w8", "bf16" and the fp4-KV precisions mean, defined once for every layer.
 
 A *precision* names the operand types a decode kernel reads: q (the absorbed query) and the KV cache. fp8 operands
-carry one per-tensor fp32 dequantisation scale (``amax / fp8_max``, `mlalab.quant.quantize_fp8_per_tensor`); the
-output is always bf16. Kernels (`mlalab.kernels.prepare`), the timing harness (bytes per call), the traffic model,
+carry one per-tensor fp32 dequantisation scale (``amax / fp8_max``, `mlalab.quant.quantize_fp8_per_tensor`); fp4 KV
+is block-scaled (``mxfp4``: E2M1 codes packed two per byte, one E8M0 scale per 32 values, 306 bytes per token;
+``nvfp4``: one E4M3 scale per 16 values and an fp32 scale per tensor, 324 bytes); the output is always bf16.
+Kernels (`mlalab.kernels.prepare`), the timing harness (bytes per call), the traffic model,
 the backends (which precisions each peer supports) and the plots all read this table.
 
 The accuracy studies (`mlalab.quant` schemes such as ``fp8-token`` or ``mxfp4-aiter``) are a wider family; a
@@ -14,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Precision", "PrecisionSpec", "PRECISIONS", "get_precision"]
+__all__ = ["Precision", "PrecisionSpec", "PRECISIONS", "CORE_PRECISIONS", "get_precision"]
 
 
 class Precision(enum.StrEnum):
@@ -23,6 +25,10 @@ class Precision(enum.StrEnum):
     A8W8 = "a8w8"  # fp8 q, fp8 KV: the competition reference's numerics (aiter's, FlashMLA fp8's)
     A16W8 = "a16w8"  # bf16 q, fp8 KV (FlashInfer's fp8-KV path)
     BF16 = "bf16"  # bf16 q, bf16 KV
+    A16W4_MXFP4 = "a16w4-mxfp4"  # bf16 q, MXFP4 KV (the GPU MODE 2026 problem's fp4 cache)
+    A8W4_MXFP4 = "a8w4-mxfp4"  # fp8 q, MXFP4 KV
+    A16W4_NVFP4 = "a16w4-nvfp4"  # bf16 q, NVFP4 KV
+    A8W4_NVFP4 = "a8w4-nvfp4"  # fp8 q, NVFP4 KV
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,8 @@ class PrecisionSpec:
 
     Attributes:
         precision: the name.
-        q_format, kv_format: ``"fp8"`` (per-tensor scale) or ``"bf16"``.
+        q_format: ``"fp8"`` (per-tensor scale) or ``"bf16"``.
+        kv_format: ``"fp8"``, ``"bf16"``, ``"mxfp4"`` or ``"nvfp4"`` (the names of `mlalab.traffic.KV_STORAGE`).
         label: the human name shown in figures.
     """
 
@@ -49,21 +56,33 @@ class PrecisionSpec:
         return self.kv_format == "fp8"
 
     @property
+    def kv_fp4(self) -> bool:
+        return self.kv_format in ("mxfp4", "nvfp4")
+
+    @property
     def q_bytes(self) -> int:
         """Bytes of one q element."""
         return 1 if self.q_fp8 else 2
 
     @property
-    def kv_bytes(self) -> int:
-        """Bytes of one KV element (a token is 576 of them)."""
-        return 1 if self.kv_fp8 else 2
+    def kv_token_bytes(self) -> float:
+        """Bytes of one KV token (576 values), block scales included (`mlalab.traffic.KV_STORAGE`)."""
+        return {"fp8": 576.0, "bf16": 1152.0, "mxfp4": 576 / 2 + 576 / 32, "nvfp4": 576 / 2 + 576 / 16}[self.kv_format]
 
 
 PRECISIONS: dict[Precision, PrecisionSpec] = {
     Precision.A8W8: PrecisionSpec(Precision.A8W8, "fp8", "fp8", "fp8 q · fp8 KV"),
     Precision.A16W8: PrecisionSpec(Precision.A16W8, "bf16", "fp8", "bf16 q · fp8 KV"),
     Precision.BF16: PrecisionSpec(Precision.BF16, "bf16", "bf16", "bf16 q · bf16 KV"),
+    Precision.A16W4_MXFP4: PrecisionSpec(Precision.A16W4_MXFP4, "bf16", "mxfp4", "bf16 q · mxfp4 KV"),
+    Precision.A8W4_MXFP4: PrecisionSpec(Precision.A8W4_MXFP4, "fp8", "mxfp4", "fp8 q · mxfp4 KV"),
+    Precision.A16W4_NVFP4: PrecisionSpec(Precision.A16W4_NVFP4, "bf16", "nvfp4", "bf16 q · nvfp4 KV"),
+    Precision.A8W4_NVFP4: PrecisionSpec(Precision.A8W4_NVFP4, "fp8", "nvfp4", "fp8 q · nvfp4 KV"),
 }
+
+#: The precisions of the recorded H200 suites (every full run covers them) and the sm_90 kernel's; the fp4-KV ones
+#: run on the portable kernel.
+CORE_PRECISIONS: tuple[Precision, ...] = (Precision.A8W8, Precision.A16W8, Precision.BF16)
 
 
 def get_precision(name: str | Precision | PrecisionSpec) -> PrecisionSpec:

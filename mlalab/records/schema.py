@@ -25,7 +25,7 @@ DATA_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path
 
 CSV_COLUMNS = [
     "date", "gpu", "sm_count", "driver", "torch", "triton", "backend", "planner", "precision", "config",
-    "batch", "kv_len", "us_median", "us_iqr", "bytes", "tbps", "copy_tbps", "pct_copy", "floor_us",
+    "batch", "kv_len", "q_len", "layout", "us_median", "us_iqr", "bytes", "tbps", "copy_tbps", "pct_copy", "floor_us",
     "err_vs_exact", "err_quant_emulated", "err_vs_emulated", "status",
 ]  # fmt: skip
 
@@ -47,6 +47,8 @@ class TimingRecord:
     config: str
     batch: int
     kv_len: int
+    q_len: int = 1
+    layout: str = "contiguous"
     us_median: float = math.nan
     us_iqr: float = math.nan
     bytes: int = 0

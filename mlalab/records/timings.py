@@ -18,12 +18,13 @@ import pandas as pd
 from ..config import COMPETITION_SHAPES
 from ..io import natural_key
 from ..plan import WorkPlan, indptrs_for, make_plan
-from ..quant.precision import PRECISIONS
-from .schema import ACCURACY_PENDING, DATA_ROOT, is_default_config, parse_config
+from ..quant.precision import CORE_PRECISIONS
+from .schema import ACCURACY_PENDING, CSV_COLUMNS, DATA_ROOT, is_default_config, parse_config
 
-__all__ = ["TIMINGS_DIR", "DEFAULT_PLANNER", "load_recorded", "default_run", "RecordedView", "recorded_view",
-           "as_view", "series_rows", "best_per_shape", "speedup_table", "winners_table", "headline", "fastest_record",
-           "record_for_shape", "plan_of_record", "plan_check", "PRE_ONE_WAVE_RUNS"]  # fmt: skip
+__all__ = ["TIMINGS_DIR", "DEFAULT_PLANNER", "load_recorded", "with_case_columns", "case_rows", "default_run",
+           "RecordedView", "recorded_view", "as_view", "series_rows", "best_per_shape", "speedup_table",
+           "winners_table", "headline", "fastest_record", "record_for_shape", "plan_of_record", "plan_check",
+           "PRE_ONE_WAVE_RUNS"]  # fmt: skip
 
 TIMINGS_DIR = os.path.join(DATA_ROOT, "timings")
 
@@ -40,9 +41,29 @@ def load_recorded(data_dir: str = TIMINGS_DIR) -> pd.DataFrame:
     files = sorted(glob.glob(os.path.join(data_dir, "*.csv")), key=lambda f: natural_key(os.path.basename(f)))
     if not files:
         raise FileNotFoundError(f"no timing CSVs under {data_dir}")
-    dfs = [pd.read_csv(f).assign(run=os.path.basename(f)) for f in files]
+    dfs = [with_case_columns(pd.read_csv(f)).assign(run=os.path.basename(f)) for f in files]
     df = pd.concat(dfs, ignore_index=True)
     return df[df["status"].isin(["ok", ACCURACY_PENDING])].copy()
+
+
+def with_case_columns(d: pd.DataFrame) -> pd.DataFrame:
+    """Runs recorded before the `q_len` / `layout` columns timed q_len 1 on a contiguous cache."""
+    if "q_len" not in d.columns:
+        d = d.assign(q_len=1)
+    if "layout" not in d.columns:
+        d = d.assign(layout="contiguous")
+    d = d.fillna({"q_len": 1, "layout": "contiguous"}).astype({"q_len": int})
+    return d[[c for c in CSV_COLUMNS if c in d.columns] + [c for c in d.columns if c not in CSV_COLUMNS]]
+
+
+def case_rows(df: pd.DataFrame, q_len: int = 1, layout: str = "contiguous") -> pd.DataFrame:
+    """The rows of one decode layout: `q_len` query rows per request, KV in `layout` (`mlalab.timing.LAYOUTS`)."""
+    if isinstance(q_len, bool) or not isinstance(q_len, int) or q_len < 1:
+        raise ValueError(f"q_len must be an int >= 1, got {q_len!r}")
+    if not isinstance(layout, str):
+        raise TypeError(f"layout must be a str, got {type(layout).__name__}")
+    d = with_case_columns(df)
+    return d[(d["q_len"] == q_len) & (d["layout"] == layout)]
 
 
 def _check_df(df: object) -> pd.DataFrame:
@@ -76,7 +97,7 @@ def default_run(df: pd.DataFrame) -> str:
     full = []
     for run, d in df.groupby("run", sort=True):
         d = _default_rows(d, None)
-        every_precision = all(_covers_suite(d[d["precision"] == p], "triton") for p in PRECISIONS)
+        every_precision = all(_covers_suite(d[d["precision"] == p], "triton") for p in CORE_PRECISIONS)
         if every_precision and any(_covers_suite(d, p) for p in _PEERS):
             full.append((str(d["date"].astype(str).max()) if "date" in d else "", natural_key(str(run)), str(run)))
     if not full:
@@ -121,12 +142,17 @@ def best_per_shape(df: pd.DataFrame, backend: str, precision: str, planner: str 
 
 
 def recorded_view(
-    df: pd.DataFrame, *, best_of_all: bool = False, run: str | None = None, planner: str | None = None
-) -> RecordedView:
-    """The rows a view shows. Default: ONE run (`run`, else `default_run`) with Triton at its default config and
-    planner (`planner` picks another planner's default-config rows); peers as recorded in that run. With
-    `best_of_all`: the fastest row per shape over every run and config (`best_per_shape`), labelled as such."""
+    df: pd.DataFrame, *, best_of_all: bool = False, run: str | None = None, planner: str | None = None,
+    q_len: int = 1, layout: str = "contiguous",
+) -> RecordedView:  # fmt: skip
+    """The rows a view shows, of one decode layout (`case_rows`: q_len 1 on a contiguous cache by default). Default:
+    ONE run (`run`, else `default_run`) with Triton at its default config and planner (`planner` picks another
+    planner's default-config rows); peers as recorded in that run. With `best_of_all`: the fastest row per shape over
+    every run and config (`best_per_shape`), labelled as such."""
     df = _check_df(df)
+    df = case_rows(df, q_len, layout)
+    if df.empty:
+        raise ValueError(f"no recorded rows for q_len {q_len} with the {layout!r} layout")
     if not isinstance(best_of_all, bool):
         raise TypeError(f"best_of_all must be a bool, got {type(best_of_all).__name__}")
     if planner is not None and planner not in set(df["planner"]):

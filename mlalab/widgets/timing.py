@@ -2,8 +2,10 @@
 speedup update (`timing_panel`); pick a shape and see the work map and per-CU load of the plan behind the Triton
 time the view shows (`plan_time_panel`); pick a shape and see stage 1's measured per-CTA timeline
 (`timeline_panel`); pick a recorded design experiment and see each variant against FlashMLA
-(`experiments_panel`). Every view names the file(s) it read. Live measurement needs a GPU;
-without one the panels show the recorded H200 data and say so."""
+(`experiments_panel`, each file titled by the question it answers). Every view names the file(s) it read, and its
+banner and figure titles are computed from what it shows (an empty selection says so in the figure). The timing and
+experiments panels show a busy line while they update and an export bar (table CSV, figures HTML/PNG). Live
+measurement needs a GPU; without one the panels show the recorded H200 data and say so."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 
 from ..config import COMPETITION_SHAPES
 from ..io import natural_key
-from ..plots.experiments import experiment_figure
+from ..plots.experiments import experiment_figure, experiment_questions
 from ..plots.timeline import cta_timeline_figure
 from ..plots.timing import bandwidth_figure, bars_per_shape, plan_time_facts, plan_time_figures
 from ..records.ab import experiment_geomeans, list_experiments, load_experiment, peer_name
@@ -30,7 +32,9 @@ from ..records.timings import (
     recorded_view,
     speedup_table,
     winners_table,
+    with_case_columns,
 )
+from .export import BusyIndicator, ExportBar, export_bar, show_figure
 
 __all__ = [
     "TimingPanel",
@@ -57,6 +61,16 @@ class TimingPanel:
     view: W.HTML
     message: W.HTML
     table: W.HTML
+    note: W.HTML
+    busy: BusyIndicator
+    export: ExportBar
+    shown: dict[str, object]  # what the panel shows now: "rows" (DataFrame of the series drawn), "stem" (file name)
+    layout: W.Dropdown | None = None  # the decode layout: (q_len, KV layout) pairs recorded
+
+
+#: wide enough for every recorded file name (dropdowns cut their text at their width)
+_WIDE = W.Layout(width="34em", max_width="100%")
+_WRAP = "style='overflow-wrap:anywhere;white-space:normal'"
 
 
 def _check_df(df: object) -> pd.DataFrame:
@@ -73,10 +87,7 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
     over every run and config, labelled as such with the winning run · config per shape."""
     df = _check_df(df)
     source = "live GPU available: run `python -m mlalab bench` to add records;" if torch.cuda.is_available() else ""
-    note = W.HTML(
-        f"<b>{source or 'No GPU here: showing the recorded H200 data (data/timings)'}</b> — "
-        f"{df['gpu'].iloc[0]}, {df['date'].iloc[0]}"
-    )
+    note = W.HTML()
     backends = W.SelectMultiple(options=sorted(df["backend"].unique()), value=("triton", "flashmla"),
                                 description="backends")  # fmt: skip
     precision = W.Dropdown(options=sorted(df["precision"].unique()), value="a8w8", description="precision")
@@ -87,24 +98,48 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
         first = default_run(df)
     except ValueError:
         first = runs[-1]
-    run = W.Dropdown(options=runs, value=first, description="run (file)", style={"description_width": "initial"})
-    best = W.Checkbox(value=False, description="best of all runs and configs (fastest row per shape)", indent=False)
+    run = W.Dropdown(options=runs, value=first, description="run (file)", style={"description_width": "initial"},
+                     layout=_WIDE)  # fmt: skip
+    best = W.Checkbox(value=False, description="best of all runs and configs (fastest row per shape)", indent=False,
+                      layout=W.Layout(width="auto"))  # fmt: skip
+    full = with_case_columns(df)
+    cases = sorted(set(zip(full["q_len"], full["layout"])))
+    layout = W.Dropdown(options=[(f"q_len {q} · {lay}", (int(q), str(lay))) for q, lay in cases],
+                        value=(1, "contiguous") if (1, "contiguous") in cases else cases[0],
+                        description="decode layout", style={"description_width": "initial"},
+                        disabled=len(cases) < 2)  # fmt: skip
     view_html, message, table = W.HTML(), W.HTML(), W.HTML()
     bars, bw = go.FigureWidget(), go.FigureWidget()
+    busy = BusyIndicator()
+    shown: dict[str, object] = {"rows": None, "stem": "timings"}
 
     def refresh(*_: object) -> None:
+        with busy("reading the recorded timings"):
+            _refresh()
+
+    def _refresh() -> None:
         run.disabled = best.value
+        where = "best of all runs" if best.value else str(run.value)
         try:
             view: RecordedView = recorded_view(
-                df, best_of_all=best.value, run=None if best.value else run.value, planner=planner.value
-            )
+                df, best_of_all=best.value, run=None if best.value else run.value, planner=planner.value,
+                q_len=layout.value[0], layout=layout.value[1],
+            )  # fmt: skip
         except ValueError as e:
             view_html.value, message.value, table.value = "", f"<i>{e}</i>", ""
+            note.value = f"<b>{source or 'No GPU here: recorded H200 data (data/timings)'}</b> — nothing in {where}"
             for fw in (bars, bw):
-                _replace(fw, None)
+                show_figure(fw, None, f"no records in {where} for planner {planner.value}")
+            shown.update(rows=None, stem=f"timings_{where}")
             return
+        rows = view.rows
+        dates = ", ".join(sorted(rows["date"].astype(str).unique()))
+        gpus = ", ".join(sorted(rows["gpu"].astype(str).unique()))
+        note.value = (
+            f"<b>{source or 'No GPU here: showing the recorded H200 data (data/timings)'}</b> — {gpus}, {dates}"
+        )
         view_html.value = f"<b>Showing:</b> {view.label}. <b>Files read:</b> {', '.join(view.files)}."
-        have = set(zip(view.rows["backend"], view.rows["precision"]))
+        have = set(zip(rows["backend"], rows["precision"]))
         series = [(b, precision.value) for b in backends.value if (b, precision.value) in have]
         missing = [b for b in backends.value if (b, precision.value) not in series]
         message.value = (
@@ -114,8 +149,13 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
             if missing
             else ""
         )
+        empty = f"no records for {', '.join(backends.value) or 'the chosen backends'} at {precision.value} in {where}"
         for fw, build in ((bars, bars_per_shape), (bw, bandwidth_figure)):
-            _replace(fw, build(view, series) if series else None)
+            show_figure(fw, build(view, series) if series else None, empty)
+        picked = rows[[(b, p) in series for b, p in zip(rows["backend"], rows["precision"])]]
+        cols = [c for c in ("batch", "kv_len", "backend", "precision", "planner", "us_median", "us_iqr", "tbps",
+                            "pct_copy", "floor_us", "run", "config") if c in picked.columns]  # fmt: skip
+        shown.update(rows=picked[cols].reset_index(drop=True), stem=f"timings_{precision.value}_{where}")
         ours = ("triton", precision.value)
         peers = [s for s in series if s[0] != "triton"]
         html = ""
@@ -128,14 +168,18 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
             html += "<b>which run · planner · config won each shape</b>" + winners_table(view, series).round(1).to_html(
                 index=False
             )
-        table.value = html
+        table.value = f"<div style='overflow-x:auto;max-width:100%'>{html}</div>" if html else ""
 
-    for w in (backends, precision, planner, run, best):
+    for w in (backends, precision, planner, run, best, layout):
         w.observe(refresh, names="value")
+    exp = export_bar(lambda: str(shown["stem"]), table=lambda: shown["rows"],  # type: ignore[arg-type,return-value]
+                     figures=lambda: {"time": bars, "bandwidth": bw})  # fmt: skip
     refresh()
-    controls = W.HBox([backends, W.VBox([precision, planner, run, best])])
-    panel = W.VBox([note, controls, view_html, message, bars, bw, table])
-    return TimingPanel(panel, backends, precision, planner, run, best, bars, bw, view_html, message, table)
+    controls = W.HBox([backends, W.VBox([precision, planner, layout, run, best])],
+                      layout=W.Layout(flex_flow="row wrap"))  # fmt: skip
+    panel = W.VBox([note, controls, busy.widget, view_html, message, bars, bw, table, exp.box])
+    return TimingPanel(panel, backends, precision, planner, run, best, bars, bw, view_html, message, table, note,
+                       busy, exp, shown, layout)  # fmt: skip
 
 
 @dataclass
@@ -150,12 +194,8 @@ class PlanTimePanel:
     message: W.HTML
 
 
-def _replace(fw: go.FigureWidget, fig: go.Figure | None) -> None:
-    with fw.batch_update():
-        fw.data = ()
-        if fig is not None:
-            fw.add_traces(list(fig.data))
-            fw.layout = fig.layout
+def _replace(fw: go.FigureWidget, fig: go.Figure | None, empty: str = "nothing to show") -> None:
+    show_figure(fw, fig, empty)
 
 
 def plan_time_panel(
@@ -176,19 +216,27 @@ def plan_time_panel(
                     style={"description_width": "initial"})  # fmt: skip
     work_map, cu_load = go.FigureWidget(), go.FigureWidget()
     facts, message = W.HTML(), W.HTML()
+    busy = BusyIndicator()
+    shown: dict[str, object] = {"table": None, "stem": "plan"}
 
     def refresh(*_: object) -> None:
+        with busy("rebuilding the plan of the recorded row"):
+            _refresh()
+
+    def _refresh() -> None:
         b, L = dd.value
+        shown.update(table=None, stem=f"plan_{precision}_B{b}_L{L}")
         try:
             row = record_for_shape(df, b, L, "triton", precision, best_of_all=best_of_all)
             plan = plan_of_record(row)
         except ValueError as e:  # no record, or a planner that cannot rebuild it: say so in the panel
             message.value = f"<i>{e}</i>"
             facts.value = ""
-            _replace(work_map, None)
-            _replace(cu_load, None)
+            _replace(work_map, None, f"no plan to show for B{b} × L{L}")
+            _replace(cu_load, None, f"no plan to show for B{b} × L{L}")
             return
         f = plan_time_facts(row, plan)
+        shown["table"] = plan.to_frame()
         wm, cl = plan_time_figures(row, plan)
         _replace(work_map, wm)
         _replace(cu_load, cl)
@@ -196,15 +244,17 @@ def plan_time_panel(
         cfg = row["config"] if isinstance(row["config"], str) else "the defaults of that run"
         how = "fastest over all runs and configs" if best_of_all else "default config of one run"
         facts.value = (
-            f"<b>measured {f['us_median']:.1f} µs per call, {f['pct_copy']:.1f} % of copy bandwidth</b> "
+            f"<div {_WRAP}><b>measured {f['us_median']:.1f} µs per call, {f['pct_copy']:.1f} % of copy bandwidth</b> "
             f"({how}: planner <code>{f['planner']}</code>, {f['slots']} plan slots on {f['sm_count']} SMs, "
             f"{f['works']} works; config <code>{cfg}"
-            f"</code>; file {row['run']})<br>{f['sentence']}"
+            f"</code>; file {row['run']})<br>{f['sentence']}</div>"
         )
 
     dd.observe(refresh, names="value")
     refresh()
-    panel = W.VBox([dd, message, facts, work_map, cu_load])
+    exp = export_bar(lambda: str(shown["stem"]), table=lambda: shown["table"],  # type: ignore[arg-type,return-value]
+                     figures=lambda: {"work_map": work_map, "cu_load": cu_load})  # fmt: skip
+    panel = W.VBox([dd, busy.widget, message, facts, work_map, cu_load, exp.box])
     return PlanTimePanel(panel, dd, work_map, cu_load, facts, message)
 
 
@@ -237,18 +287,26 @@ def timeline_panel(events: pd.DataFrame | None = None, shape: tuple[int, int] | 
     dd = W.Dropdown(options=[(f"B{b} × L{n}", (b, n)) for b, n in shapes], value=shape,
                     description="shape (batch × KV tokens)", style={"description_width": "initial"})  # fmt: skip
     fig, summary = go.FigureWidget(), W.HTML()
+    busy = BusyIndicator()
 
     def refresh(*_: object) -> None:
+        with busy("drawing the time line"):
+            b, n = dd.value
+            _replace(fig, cta_timeline_figure(events, b, n))
+            rows = "".join(f"<tr><td>{k}</td><td>{v:.2f}</td></tr>" for k, v in timeline_summary(events, b, n).items())
+            src = events["run"].iloc[0] if "run" in events.columns else "the given events"
+            summary.value = (f"<b>where stage 1's time goes</b> (µs, medians over busy CTAs; ctas busy is a count; "
+                             f"one stamped launch from {src})<table>{rows}</table>")  # fmt: skip
+
+    def shown_events() -> pd.DataFrame:
         b, n = dd.value
-        _replace(fig, cta_timeline_figure(events, b, n))
-        rows = "".join(f"<tr><td>{k}</td><td>{v:.2f}</td></tr>" for k, v in timeline_summary(events, b, n).items())
-        src = events["run"].iloc[0] if "run" in events.columns else "the given events"
-        summary.value = (f"<b>where stage 1's time goes</b> (µs, medians over busy CTAs; ctas busy is a count; "
-                         f"one stamped launch from {src})<table>{rows}</table>")  # fmt: skip
+        return events[(events["B"] == b) & (events["L"] == n)].reset_index(drop=True)
 
     dd.observe(refresh, names="value")
     refresh()
-    return TimelinePanel(W.VBox([dd, summary, fig]), dd, fig, summary)
+    exp = export_bar(lambda: f"timeline_B{dd.value[0]}_L{dd.value[1]}", table=shown_events,
+                     figures=lambda: {"timeline": fig})  # fmt: skip
+    return TimelinePanel(W.VBox([dd, busy.widget, summary, fig, exp.box]), dd, fig, summary)
 
 
 @dataclass
@@ -272,20 +330,33 @@ def experiments_panel(name: str | None = None) -> ExperimentsPanel:
     name = names[-1] if name is None else name
     if name not in names:
         raise ValueError(f"name must be one of the recorded experiments {names}, got {name!r}")
-    dd = W.Dropdown(options=names, value=name, description="experiment (file)", style={"description_width": "initial"})
-    fig, table = go.FigureWidget(), W.HTML()
+    dd = W.Dropdown(options=names, value=name, description="experiment (file)", style={"description_width": "initial"},
+                    layout=_WIDE)  # fmt: skip
+    fig, table, question = go.FigureWidget(), W.HTML(), W.HTML()
+    questions = experiment_questions()
+    busy = BusyIndicator()
+    shown: dict[str, object] = {}
 
     def refresh(*_: object) -> None:
-        df = load_experiment(dd.value)
-        _replace(fig, experiment_figure(df))
-        g = experiment_geomeans(df)
-        rows = "".join(f"<tr><td>{r.variant}</td><td>{r.geomean_us:.2f}</td><td>{r.vs_reference:.3f}×</td>"
-                       f"<td>{r.shapes}</td></tr>" for r in g.itertuples())  # fmt: skip
-        head = "<tr><th>variant</th><th>µs</th><th>ratio</th><th>shapes</th></tr>"
-        table.value = (f"<b>geomean over the shapes each ran</b> (µs; × {peer_name(df)} over the same shapes), "
-                       f"measured on the H200 in one process ({dd.value}; what each variant changed and whether it "
-                       f"won: docs/journal.md)<table>{head}{rows}</table>")  # fmt: skip
+        with busy("reading the experiment"):
+            df = load_experiment(dd.value)
+            q = questions.get(dd.value, "")
+            title = f"{q}<br><sub>{dd.value}</sub>" if q else None
+            _replace(fig, experiment_figure(df, title=title))
+            question.value = (f"<div {_WRAP}><b>Question:</b> {q or '(not in data/INDEX.csv)'} — what each variant "
+                              "code changed, and whether it was kept: the rows of docs/journal.md that name "
+                              f"<code>ab/{dd.value}</code>.</div>")  # fmt: skip
+            g = experiment_geomeans(df)
+            shown.update(table=g, stem=dd.value.removesuffix(".csv"))
+            rows = "".join(f"<tr><td>{r.variant}</td><td>{r.geomean_us:.2f}</td><td>{r.vs_reference:.3f}×</td>"
+                           f"<td>{r.shapes}</td></tr>" for r in g.itertuples())  # fmt: skip
+            head = "<tr><th>variant</th><th>µs</th><th>ratio</th><th>shapes</th></tr>"
+            table.value = (f"<div {_WRAP}><b>geomean over the shapes each ran</b> (µs; × {peer_name(df)} over the "
+                           f"same shapes), measured on the H200 in one process ({dd.value})<table>{head}{rows}</table>"
+                           "</div>")  # fmt: skip
 
     dd.observe(refresh, names="value")
     refresh()
-    return ExperimentsPanel(W.VBox([dd, table, fig]), dd, fig, table)
+    exp = export_bar(lambda: str(shown["stem"]), table=lambda: shown["table"],  # type: ignore[arg-type,return-value]
+                     figures=lambda: {"ratios": fig})  # fmt: skip
+    return ExperimentsPanel(W.VBox([dd, busy.widget, question, table, fig, exp.box]), dd, fig, table)

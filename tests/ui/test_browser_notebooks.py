@@ -59,11 +59,84 @@ class Move:
 
 # Which control each notebook's test moves (name prefix -> moves, applied to the first panel with a figure).
 MOVES: dict[str, tuple[Move, ...]] = {
-    "01_": (Move("slider", key="ArrowLeft", presses=4),),  # batch 32 -> 28
+    "01_": (Move("slider", key="ArrowLeft", presses=4), Move("dropdown", index=1, option=4)),  # batch; KV storage
     "02_": (Move("slider", key="ArrowLeft"), Move("dropdown", index=4)),  # batch 4 -> 3, then the fp8 flavour
     "03_": (Move("slider", key="ArrowRight"),),  # batch: the plan and its work map change
-    "04_": (Move("dropdown", index=0),),  # precision
+    "04_": (Move("dropdown", index=0), Move("dropdown", index=2, option=0)),  # precision; the oldest run (file)
 }
+
+# Layout of every output area of the visible notebook: elements wider than their box that do not scroll
+# (scrollWidth > clientWidth + 1 without overflow-x auto/scroll), plot titles overlapping each other or their
+# plot's toolbar, and the colour of every trace keyed by backend (trace names start with it) or by the whole name.
+LAYOUT = """(nbsel) => { const res = {overflow: [], overlaps: [], colours: [], titles: []};
+  const hit = (a, b) => a.width > 0 && b.width > 0 && a.left < b.right - 1 && b.left < a.right - 1
+    && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  const backends = ['triton', 'flashmla', 'flashinfer', 'reference-torch', 'aiter', 'emulated'];
+  for (const area of document.querySelectorAll(nbsel + ' .jp-OutputArea-output')) {
+    for (const el of area.querySelectorAll('div, table, span, p, pre, code, label')) {
+      // (a slider's handle sticks out of its track by design)
+      if (el.closest('.js-plotly-plot, .noUi-target, .slider-container') || el.clientWidth === 0) continue;
+      const ox = getComputedStyle(el).overflowX;
+      if (el.scrollWidth > el.clientWidth + 1 && !['auto', 'scroll'].includes(ox))
+        res.overflow.push(`${el.tagName}.${el.className}`.slice(0, 80) + ` ${el.scrollWidth}>${el.clientWidth}: `
+          + (el.textContent || '').slice(0, 60));
+    }
+    const plots = Array.from(area.querySelectorAll('.js-plotly-plot'));
+    const titles = plots.flatMap(gd => Array.from(gd.querySelectorAll('.gtitle')).map(t =>
+      ({gd, text: t.textContent, r: t.getBoundingClientRect()})));
+    for (let i = 0; i < titles.length; i++) {
+      res.titles.push(titles[i].text);
+      for (let j = i + 1; j < titles.length; j++)
+        if (hit(titles[i].r, titles[j].r)) res.overlaps.push(`${titles[i].text} / ${titles[j].text}`);
+      const bar = titles[i].gd.querySelector('.modebar');
+      if (bar && hit(titles[i].r, bar.getBoundingClientRect())) res.overlaps.push(`${titles[i].text} / toolbar`);
+    }
+    for (const gd of plots) for (const t of (gd._fullData || [])) {
+      if (!t.name || !t.marker || typeof t.marker.color !== 'string') continue;
+      const first = t.name.split(' ')[0];
+      res.colours.push([backends.includes(first) ? first : t.name, t.marker.color]);
+    }
+  }
+  return res; }"""
+
+
+def _check_layout(pg: object, name: str, colours: dict[str, str], when: str) -> list[str]:
+    """Fail on horizontal overflow or overlapping titles; a backend (or a named series) keeps one colour across
+    every figure and every state of the notebook (`colours` carries what was seen before). Returns the titles."""
+    got = pg.evaluate(LAYOUT, NOTEBOOK)  # type: ignore[attr-defined]
+    assert not got["overflow"], f"{name}: elements overflow their box {when}: {got['overflow'][:8]}"
+    assert not got["overlaps"], f"{name}: plot titles overlap {when}: {got['overlaps'][:8]}"
+    for key, colour in got["colours"]:
+        assert colours.setdefault(key, colour) == colour, f"{name}: {key} changed colour {when}"
+    return got["titles"]
+
+
+# Notebook 03 at its defaults (issue 26): every plot title's box in the page, and the merge weights the step-through
+# figure shows (plotly keeps the data on the graph div).
+TITLE_BOXES = f"""() => Array.from(document.querySelectorAll('{NOTEBOOK} .js-plotly-plot')).flatMap(
+  gd => Array.from(gd.querySelectorAll('.gtitle, .annotation-text')).map(t => {{ const r = t.getBoundingClientRect();
+    return {{text: t.textContent, x0: r.left, y0: r.top, x1: r.right, y1: r.bottom}}; }})).filter(b => b.x1 > b.x0)"""
+MERGE_WEIGHTS = f"""() => Array.from(document.querySelectorAll('{NOTEBOOK} .js-plotly-plot')).flatMap(
+  gd => (gd.data || []).filter(t => t.name === 'merge weight').map(t => Array.from(t.y)))"""
+
+
+def _check_03_defaults(pg: object, name: str) -> None:
+    """At 1280 px: the shown request's merge weights differ, and no two plot titles overlap."""
+    pg.set_viewport_size({"width": 1280, "height": 1000})  # type: ignore[attr-defined]
+    pg.wait_for_timeout(1500)  # type: ignore[attr-defined]
+    weights = pg.evaluate(MERGE_WEIGHTS)  # type: ignore[attr-defined]
+    assert weights, f"{name}: no merge-weight bars in the page"
+    assert all(max(w) - min(w) > 0.01 for w in weights), f"{name}: the merge weights shown are all equal: {weights}"
+    boxes = pg.evaluate(TITLE_BOXES)  # type: ignore[attr-defined]
+    assert len(boxes) >= 6, boxes
+    clash = [(a["text"], b["text"]) for i, a in enumerate(boxes) for b in boxes[i + 1 :]
+             if a["x0"] < b["x1"] and b["x0"] < a["x1"] and a["y0"] < b["y1"] and b["y0"] < a["y1"]]  # fmt: skip
+    if clash:
+        _shot(pg, f"{name}-titles-overlap")
+    assert not clash, f"{name}: plot titles overlap at 1280 px: {clash[:5]}"
+
+
+AFTER_RUN = {"03_": _check_03_defaults}  # per-notebook checks of what it shows at its defaults
 
 
 def _shot(pg: object, name: str) -> None:
@@ -195,6 +268,11 @@ def test_notebook_in_browser(nb: Path, jupyter_lab: LabServer, page: PageProbe) 
         cells = _cells(pg)
         assert all(c["count"] is not None for c in cells), f"{name}: cells not run: {cells}"
         print(f"{name}: Run All {elapsed:.1f} s in the browser, {len(cells)} code cells")
+        for prefix, check in AFTER_RUN.items():
+            if nb.name.startswith(prefix):
+                check(pg, name)
+        colours: dict[str, str] = {}
+        _check_layout(pg, name, colours, "after Run All")
 
         if nb.name.startswith("02_"):
             pg.set_viewport_size({"width": 1280, "height": 1000})  # type: ignore[attr-defined]
@@ -220,6 +298,17 @@ def test_notebook_in_browser(nb: Path, jupyter_lab: LabServer, page: PageProbe) 
                 panel.scroll_into_view_if_needed()  # type: ignore[attr-defined]
                 _shot(pg, f"{name}-2-move{i}")
                 print(f"{name}: {what}: figure changed")
+                pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
+                titles = _check_layout(pg, name, colours, f"after {what}")
+                if nb.name.startswith("04_"):  # the figures name the run the panel says it shows, or say "no records"
+                    shown = panel.locator(".widget-html-content:has-text('Showing:')").first  # type: ignore[attr-defined]
+                    run = ([o for o in what.split("'") if o.endswith(".csv")] or [None])[-1]  # the file picked
+                    if run is not None:
+                        timing = [
+                            t for t in titles if t.startswith(("Decode time per shape", "Bandwidth", "no records"))
+                        ]
+                        assert timing and all(run in t or t.startswith("no records") for t in timing), (run, timing)
+                        assert not shown.count() or run in shown.inner_text(), shown.inner_text()
             pg.wait_for_function(KERNEL_READY, timeout=60_000)  # type: ignore[attr-defined]
             _assert_no_errors(pg, name, "after moving the controls")
         assert not page.page_errors, f"{name}: uncaught errors in the page: {page.page_errors[:5]}"

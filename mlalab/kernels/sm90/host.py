@@ -15,8 +15,8 @@ from ...config import MLA
 from ...quant.precision import Precision
 from ..prepare import PreparedInputs
 
-__all__ = ["PATHS", "RING", "FIRST_BURST", "INFO_COLS", "unsupported", "import_error", "tile_stream", "cta_info",
-           "first_burst", "Sm90Stage1"]  # fmt: skip
+__all__ = ["PATHS", "RING", "FIRST_BURST", "INFO_COLS", "unsupported", "import_error", "row_passes", "tile_stream",
+           "cta_info", "first_burst", "Sm90Stage1"]  # fmt: skip
 
 #: The path each precision takes through stage 1 (`vpaths`): how V reaches the value product.
 PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v-conv"}
@@ -48,9 +48,12 @@ def import_error() -> str | None:
 def unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_exact: bool = False,
                 out_dtype: torch.dtype = torch.bfloat16, p_fp8: bool = True) -> str | None:  # fmt: skip
     """Why the sm_90 kernel cannot run these inputs and plan (None when it can): first what the inputs ask for, then
-    what this machine lacks. `work_info`: the plan's works in tokens (`mlalab.kernels.decoder.token_work_info`); None
-    = before any plan exists, judging q rows per request from ``qo_indptr`` (planners never split a request's q rows).
-    The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask it."""
+    what this machine lacks. `work_info`: the plan's works in tokens (`mlalab.kernels.decoder.token_work_info`), or
+    None before any plan exists (no plan can make the inputs runnable or not today: any q rows per work run, as
+    `row_passes`). The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask
+    it."""
+    if prepared.spec.kv_fp4:
+        return f"{prepared.spec.kv_format} KV runs on the portable kernel (the sm_90 kernel has no fp4 path yet)"
     if prepared.spec.kv_fp8 and prepared.kv.dtype != torch.float8_e4m3fn:
         return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
     if pv_exact or out_dtype != torch.bfloat16:
@@ -63,18 +66,44 @@ def unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_
         return (f"tiles of {BLOCK_N} tokens must be contiguous rows: page size 1 with the identity page table, or a "
                 f"page size that is a multiple of {BLOCK_N} (got page size {prepared.page_size}, "
                 f"{'identity' if prepared.contiguous else 'permuted'} page table)")  # fmt: skip
-    if work_info is None:
-        q_rows = prepared.qo_indptr[1:] - prepared.qo_indptr[:-1]
-    else:
-        q_rows = work_info[:, 3] - work_info[:, 2]
-    if q_rows.numel() and int(q_rows.max()) > 1:
-        return "one q row per work (q_len 1); speculative decode (q_len > 1) runs on the portable kernel"
     dev = prepared.q.device
     if dev.type != "cuda" or torch.version.cuda is None:
         return "needs an NVIDIA GPU"
     if torch.cuda.get_device_capability(dev) != (9, 0):
         return f"needs compute capability 9.0 (Hopper), this GPU has {torch.cuda.get_device_capability(dev)}"
     return import_error()
+
+
+def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cta_indptr, row_work_info)`` on the CPU: the plan as the sm_90 kernel runs it, one q row per work.
+
+    A work of q rows ``[qs, qe)`` (speculative decode: q_len rows per request) becomes ``qe - qs`` works of one row
+    each, over the same KV range, writing the same outputs: row ``qs + r`` and, when the work is split, partial row
+    ``partial_qo_loc + r``. Plan slot ``c``'s works become ``R`` CTAs (``R`` = the most q rows of any work), CTA
+    ``c·R + r`` running row ``r`` of each of them: the R CTAs of a slot stream the same KV tiles side by side, so
+    the R reads of a tile are one read from HBM and R - 1 from L2, and each CTA's registers hold one row's
+    accumulator (16 heads) as at q_len 1. With ``slots·R`` <= the SM count all of them run at once (the backend's
+    default plan has ``SMs // q_len`` slots). At q_len 1 the tables are the plan's own."""
+    wp = work_indptr.to("cpu", torch.int64)
+    wi = work_info.to("cpu", torch.int64)
+    n_cu = wp.numel() - 1
+    rows = (wi[:, 3] - wi[:, 2]).clamp(min=0)
+    R = max(1, int(rows.max())) if rows.numel() else 1
+    if R == 1:
+        return wp.to(torch.int32), wi.to(torch.int32).contiguous()
+    cu = torch.repeat_interleave(torch.arange(n_cu), wp.diff())  # each work's plan slot
+    w = torch.repeat_interleave(torch.arange(wi.shape[0]), rows)  # a (work, row) pair per q row of every work
+    r = torch.arange(w.numel()) - torch.repeat_interleave(torch.cumsum(rows, 0) - rows, rows)
+    cta = cu[w] * R + r
+    order = torch.sort(cta * max(1, wi.shape[0]) + w).indices  # CTA-major, works in plan order inside a CTA
+    w, r, cta = w[order], r[order], cta[order]
+    out = wi[w].clone()
+    out[:, 1] = torch.where(out[:, 1] >= 0, out[:, 1] + r, out[:, 1])
+    out[:, 2] = wi[w, 2] + r
+    out[:, 3] = out[:, 2] + 1
+    cta_indptr = torch.zeros(n_cu * R + 1, dtype=torch.int64)
+    cta_indptr[1:] = torch.cumsum(torch.bincount(cta, minlength=n_cu * R), 0)
+    return cta_indptr.to(torch.int32), out.to(torch.int32).contiguous()
 
 
 def tile_stream(prepared: PreparedInputs, work_indptr: torch.Tensor,
@@ -137,7 +166,8 @@ def first_burst(most_tiles: int, stages: int) -> int:
 
 class Sm90Stage1:
     """The sm_90 stage 1 for one plan: its tables on the device, its compile-time arguments, and a launch that
-    caches the TMA descriptors per (q, kv) buffer pair (e.g. per rotated KV copy)."""
+    caches the TMA descriptors per (q, kv) buffer pair (e.g. per rotated KV copy). `work_indptr` / `work_info`: one
+    q row per work, one row of `work_indptr` per CTA (`row_passes`)."""
 
     def __init__(self, prepared: PreparedInputs, work_indptr: torch.Tensor, work_info: torch.Tensor, *,
                  launch_dependents: bool) -> None:  # fmt: skip
@@ -148,6 +178,7 @@ class Sm90Stage1:
         self.stages = RING[self.path]
         t_indptr, t_rows = tile_stream(prepared, work_indptr, work_info)
         self.tiles_per_cta = t_indptr.diff()
+        self.works_per_cta = work_indptr.to("cpu", torch.int64).diff()
         most = int(self.tiles_per_cta.max()) if t_indptr.numel() > 1 else 0
         dev = prepared.q.device
         self.tile_rows = t_rows.to(dev)

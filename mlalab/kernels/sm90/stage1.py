@@ -36,8 +36,9 @@ Measurement hooks (compile-time, off in production): ``TIMELINE`` stamps each CT
 compute can be measured (outputs wrong); ``REPORT`` prints the V loads' bank conflicts while compiling (`build`).
 
 Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) dims, the KV rows of a tile contiguous
-(page size 1 with the identity page table, or pages that are multiples of 64 tokens), one q row per work (q_len 1),
-e4m3fn codes for fp8.
+(page size 1 with the identity page table, or pages that are multiples of 64 tokens), e4m3fn codes for fp8. The
+kernel runs one q row (16 heads) per work: a plan's works of q_len rows reach it as q_len works, one per CTA of a group
+streaming the same tiles (`host.row_passes`).
 """
 
 from __future__ import annotations

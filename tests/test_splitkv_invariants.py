@@ -1,0 +1,148 @@
+"""`WorkPlan.validate` catches each broken invariant with its own message, and each planner rule is pinned by a test
+that fails when the rule is removed (each was checked by deleting the rule once: see the test docstrings)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from mlalab.plan import PlanError, WorkPlan, indptrs_for, make_plan
+from mlalab.plan.invariants import check_metadata
+
+LENS, Q_LEN = [256, 100, 64], 2
+
+
+def _base() -> tuple[WorkPlan, torch.Tensor, torch.Tensor]:
+    """balanced, 4 CUs, no overhead: request 0 in 3 works (partial rows 0, 2, 4), request 1 in 2 (6, 8), request 2
+    unsplit. work_info rows: [b, slot, qs, qe, ks, ke, kv_offset, pad]."""
+    qo, kv = indptrs_for(LENS, q_len=Q_LEN)
+    p = make_plan("balanced", qo, kv, 4, overhead=0).validate(qo, kv)
+    assert p.work_info[:, [0, 1, 4, 5, 6]].tolist() == [
+        [0, 0, 0, 112, 144], [0, 2, 112, 224, 32], [0, 4, 224, 256, 0],
+        [1, 6, 256, 336, 20], [1, 8, 336, 356, 0], [2, -1, 356, 420, 0],
+    ]  # fmt: skip
+    assert p.reduce_partial_map.tolist() == [0, 2, 4, 6, 8]
+    return p, qo, kv
+
+
+def _corrupt(p: WorkPlan, edits: dict[tuple[int, int], int], pmap: dict[int, int] | None = None) -> WorkPlan:
+    wi = p.work_info.clone()
+    for (r, c), v in edits.items():
+        wi[r, c] = v
+    pm = p.reduce_partial_map.clone()
+    for i, v in (pmap or {}).items():
+        pm[i] = v
+    return dataclasses.replace(p, work_info=wi, reduce_partial_map=pm)
+
+
+# one corruption per invariant; each leaves every other invariant intact (the kinds are checked to be exactly one)
+CORRUPTIONS = {
+    # work 1 ends 16 earlier (its kv_offset moved with it): [208, 224) of request 0 belongs to no work
+    "gap": ({(1, 5): 208, (1, 6): 48}, None, "uncovered", r"KV positions \[208, 224\) are not covered by any work"),
+    # work 2 starts 16 earlier: [208, 224) is read by works 1 and 2
+    "kv_overlap": ({(2, 4): 208}, None, "covered_twice", r"KV positions \[208, 224\) are covered twice"),
+    # work 1 writes rows [1, 3) (and the reduce reads row 1): row 1 is also work 0's
+    "partial_overlap": ({(1, 1): 1}, {1: 1}, "partial_overlap", r"works 0 and 1 write overlapping partial rows"),
+    # request 1's reduce tile reads request 0's row 0 instead of its own row 6
+    "reduce": ({}, {3: 0}, "reduce", r"reduce tile 1 merges partial rows \[0, 8\], its works wrote \[6, 8\]"),
+    # work 0 claims 143 tokens follow it (144 do)
+    "kv_offset": ({(0, 6): 143}, None, "kv_offset", r"work 0: kv_offset 143 but 144 tokens of request 0 follow"),
+}
+
+
+@pytest.mark.parametrize("name", CORRUPTIONS)
+def test_validate_names_each_broken_invariant(name: str) -> None:
+    p, qo, kv = _base()
+    edits, pmap, kind, message = CORRUPTIONS[name]
+    bad = _corrupt(p, edits, pmap)
+    kinds = {f.kind for f in check_metadata(*bad.tensors().values(), qo, kv, n_partial_rows=p.n_partial_rows,
+                                            kv_lens=p.kv_lens)}  # fmt: skip
+    assert kinds == {kind}, kinds
+    with pytest.raises(PlanError, match=message):
+        bad.validate(qo, kv)
+
+
+def test_validate_partial_rows_beyond_the_buffer_and_split_consistency() -> None:
+    p, qo, kv = _base()
+    with pytest.raises(PlanError, match=r"partial rows \[8, 10\) exceed the 9-row partial buffer"):
+        dataclasses.replace(p, n_partial_rows=9).validate(qo, kv)
+    with pytest.raises(PlanError, match="is not split but its work writes partial row 10"):
+        dataclasses.replace(_corrupt(p, {(5, 1): 10}), n_partial_rows=12).validate(qo, kv)  # rows 10-11 are free
+    with pytest.raises(PlanError, match="q row.s. missing"):
+        _corrupt(p, {(5, 3): 5}).validate(qo, kv)
+
+
+# ------------------------------------------------------------------------------------------ planner rules pinned
+def _cuts(p: WorkPlan, kv: torch.Tensor) -> list[int]:
+    """Every internal cut, as an offset from its request's first position."""
+    starts = kv.tolist()
+    return [ks - starts[b] for b, ks in zip(p.work_info[:, 0].tolist(), p.work_info[:, 4].tolist()) if ks > starts[b]]
+
+
+@pytest.mark.parametrize("gran", [16, 64])
+def test_balanced_cuts_on_kv_granularity(gran: int) -> None:
+    """Removing the alignment (``take = remain - ovh``) puts cuts at e.g. 1000 - 733 = ... offsets: this fails."""
+    for lens, cus in (([1000, 333], 7), ([777, 5000, 31], 13), ([4097] * 3, 10)):
+        qo, kv = indptrs_for(lens)
+        p = make_plan("balanced", qo, kv, cus, kv_granularity=gran, overhead=50).validate(qo, kv)
+        cuts = _cuts(p, kv)
+        assert cuts, "the case must split a request"
+        assert all(c % gran == 0 for c in cuts), (lens, cuts)
+
+
+def test_fast_tail_rule_never_leaves_fewer_tokens_than_q_rows() -> None:
+    """[100, 37] at q_len 4 on 5 CUs (granularity 1): the fill would cut request 1 after 34 tokens, leaving 3
+    (< 4 q rows, the fp8 NaN of aiter PR #2106); the tail rule keeps the 37 tokens in one work. Without the rule
+    request 1 is split 34 + 3."""
+    qo, kv = indptrs_for([100, 37], q_len=4)
+    p = make_plan("aiter-fast", qo, kv, 5, kv_granularity=1, q_len=4).validate(qo, kv)
+    df = p.to_frame()
+    assert df.kv_tokens.min() >= 4, df.kv_tokens.tolist()
+    assert df[df.batch_idx == 1].kv_tokens.tolist() == [37]
+
+
+def test_cost_heap_split_tolerance_absorbs_short_rests() -> None:
+    """[1063, 300] on 8 CUs: after six 176-token pieces, 7 tokens of request 0 would be left; kSplitTolerance (16)
+    folds them into the sixth piece. With the tolerance at 0 a 7-token work appears."""
+    qo, kv = indptrs_for([1063, 300])
+    p = make_plan("aiter-cost-heap", qo, kv, 8).validate(qo, kv)
+    df = p.to_frame()
+    assert df.kv_tokens.min() > 16, df.kv_tokens.tolist()
+    assert sorted(df[df.batch_idx == 0].kv_tokens.tolist()) == [176] * 5 + [183]
+
+
+def _ceil(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _start_chunk(lens: list[int], n: int, blk: int) -> int:
+    return max(blk, _ceil(_ceil(sum(lens), n), blk) * blk)
+
+
+def _simple_chunk_by_growth(lens: list[int], n: int, blk: int) -> int:
+    """The simple planner's growth rule written out linearly (its definition)."""
+    chunk = _start_chunk(lens, n, blk)
+    while chunk < max(lens) and sum(max(1, _ceil(x, chunk)) for x in lens) > n:
+        chunk += blk
+    return chunk
+
+
+def test_simple_growth_rule_matches_its_definition() -> None:
+    """The chunk grows by `block` until the works fit one wave; without the growth, 64 x 8192 on 132 keeps chunk
+    4032 (3 works per request) and this fails (as does test_simple_64x8192_on_132_grows_the_chunk_to_one_wave)."""
+    rng = random.Random(5)
+    grew = 0
+    for _ in range(60):
+        lens = [rng.choice([rng.randint(0, 300), rng.randint(1000, 20000)]) for _ in range(rng.randint(1, 90))]
+        if not any(lens):
+            continue
+        n, blk = rng.choice([7, 64, 132]), rng.choice([16, 64])
+        qo, kv = indptrs_for(lens)
+        p = make_plan("simple", qo, kv, n, block=blk).validate(qo, kv)
+        want = _simple_chunk_by_growth(lens, n, blk)
+        assert p.params["chunk"] == want, (lens, n, blk)
+        grew += want > _start_chunk(lens, n, blk)
+    assert grew >= 5, "the random cases must exercise the growth"
