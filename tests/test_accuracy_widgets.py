@@ -151,3 +151,12 @@ def test_study_panel_slices_a_sweep_table() -> None:
     assert list(sp.heatmap.data[0].x) == [32, 64] and sp.message.value.startswith("8 rows")
     with pytest.raises(ValueError, match="not in the table"):
         study_panel(df, q_scheme="fp9")
+
+
+def test_panels_export_their_table_and_show_a_busy_line(panel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    assert "updated in" in panel.status.value and panel.busy.last_seconds is not None
+    path = panel.export.save_csv()
+    assert path is not None and path.exists() and path.name.startswith("accuracy_B")
+    back = pd.read_csv(path)
+    assert len(back) == len(panel.records) and set(back.kv_scheme) == set(panel.records.kv_scheme)

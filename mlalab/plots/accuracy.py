@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..quant import Fp8Format, get_fp8_format
+from .palette import color_for
 
 __all__ = [
     "TABLE_COLUMNS",
@@ -169,11 +170,13 @@ def error_vs_kv_len(
         if c not in df:
             raise ValueError(f"df needs a {c!r} column")
     fig = go.Figure()
+    kind = "scheme" if color in ("q_scheme", "kv_scheme") else ("fp8_format" if color == "fp8_format" else None)
     palette = plotly.colors.qualitative.Plotly
     for i, (name, g) in enumerate(df.groupby(color, sort=False)):
         per = g.groupby(["kv_len", "seed"] if "seed" in g else ["kv_len"])[value].mean().reset_index()
         st = per.groupby("kv_len")[value].agg(["mean", "min", "max", "count"]).reset_index().sort_values("kv_len")
-        x, c = st.kv_len.tolist(), palette[i % len(palette)]
+        x = st.kv_len.tolist()
+        c = color_for(kind, str(name)) if kind else palette[i % len(palette)]  # a scheme keeps its colour everywhere
         fig.add_trace(
             go.Scatter(
                 x=x, y=st["mean"], mode="lines+markers", name=str(name), legendgroup=str(name), line={"color": c}

@@ -8,7 +8,6 @@ Results are cached per (case, format, scheme), so changing only the tolerance or
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ from ..plots.accuracy import (
     value_histogram,
 )
 from ..quant import FP8_FORMATS, KV_SCHEMES, Q_SCHEMES, Fp8Scheme, concrete_names, get_kv_scheme, get_q_scheme
+from .export import BusyIndicator, ExportBar, export_bar
 
 __all__ = ["AccuracyPanel", "accuracy_panel", "q_tie_note", "StudyPanel", "study_panel"]
 
@@ -74,7 +74,7 @@ class AccuracyPanel:
     static_amax: W.BoundedFloatText
     tolerance: W.Dropdown
     message: W.HTML
-    status: W.HTML
+    status: W.HTML  # the busy line: "computing …" while it works, then "updated in N s"
     progress: W.IntProgress
     table: W.HTML
     tie_note: W.HTML
@@ -84,6 +84,8 @@ class AccuracyPanel:
     q_values: go.FigureWidget
     kv_values: go.FigureWidget
     box: W.VBox
+    busy: BusyIndicator
+    export: ExportBar
     records: pd.DataFrame = field(default_factory=pd.DataFrame)
     last_seconds: float = 0.0
     _prep: dict[Any, Prepared] = field(default_factory=dict)
@@ -158,7 +160,11 @@ class AccuracyPanel:
     def update(self, *_: object) -> None:
         if self._held:
             return
-        t0 = time.perf_counter()
+        with self.busy("computing the accuracy records"):
+            self._update()
+        self.last_seconds = float(self.busy.last_seconds or 0.0)
+
+    def _update(self) -> None:
         try:
             case = self.case()
             fmt = str(self.fp8_format.value)
@@ -214,8 +220,6 @@ class AccuracyPanel:
             self.message.value = f"<span style='color:#b00'>⚠ {e}</span>"
         finally:
             self.progress.layout.visibility = "hidden"
-            self.last_seconds = time.perf_counter() - t0
-            self.status.value = f"<small>updated in {self.last_seconds:.2f} s</small>"
 
     def _values(self, p: Prepared, q_sel: str, kvs: list[str], fmt: str) -> None:
         qs = get_q_scheme(q_sel, fmt)
@@ -293,7 +297,7 @@ def accuracy_panel(
         style=style,
         layout=lay,
     )
-    msg, status = W.HTML(), W.HTML()
+    msg, busy = W.HTML(), BusyIndicator()
     prog = W.IntProgress(value=0, min=0, max=1, description="computing", layout=W.Layout(visibility="hidden"))
     table = W.HTML()
     note = W.HTML()
@@ -306,8 +310,17 @@ def accuracy_panel(
     figs = [go.FigureWidget() for _ in range(4)]
     controls = W.HBox([W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol])], layout=W.Layout(flex_flow="row wrap"))
     # one column: every figure gets the notebook's full width (nothing clipped at 1280 px)
-    box = W.VBox([controls, prog, msg, status, table, figs[0], note, sep, *figs[1:]])
-    panel = AccuracyPanel(b, L, ql, d, sd, f, q, kv, amax, tol, msg, status, prog, table, note, sep, *figs, box)
+    shown: dict[str, AccuracyPanel] = {}
+    exp = export_bar(
+        lambda: f"accuracy_{shown['panel'].case().short_str()}",
+        table=lambda: shown["panel"].records,
+        figures=lambda: dict(zip(("sqnr_heatmap", "errors", "q_values", "kv_values"), figs)),
+    )
+    box = W.VBox([controls, prog, msg, busy.widget, table, figs[0], note, sep, *figs[1:], exp.box])
+    panel = AccuracyPanel(
+        b, L, ql, d, sd, f, q, kv, amax, tol, msg, busy.widget, prog, table, note, sep, *figs, box, busy, exp
+    )
+    shown["panel"] = panel
     for w in (b, L, ql, d, sd, f, q, kv, amax, tol):
         w.observe(panel.update, names="value")
 
@@ -335,6 +348,7 @@ class StudyPanel:
     heatmap: go.FigureWidget
     curves: go.FigureWidget
     box: W.VBox
+    export: ExportBar
 
     def selection(self) -> pd.DataFrame:
         df = self.df[self.df.error == ""] if "error" in self.df else self.df
@@ -390,8 +404,15 @@ def study_panel(df: pd.DataFrame, *, value: str = "sqnr_db", **fixed: object) ->
     controls = W.HBox(
         [W.VBox([rows, cols, val]), W.VBox(list(filters.values()))], layout=W.Layout(flex_flow="row wrap")
     )
-    box = W.VBox([controls, msg, *figs])
-    panel = StudyPanel(df, rows, cols, val, filters, msg, *figs, box)
+    shown: dict[str, StudyPanel] = {}
+    exp = export_bar(
+        lambda: f"study_{val.value}_{rows.value}_x_{cols.value}",
+        table=lambda: shown["panel"].selection(),
+        figures=lambda: {"heatmap": figs[0], "vs_kv_len": figs[1]},
+    )
+    box = W.VBox([controls, msg, *figs, exp.box])
+    panel = StudyPanel(df, rows, cols, val, filters, msg, *figs, box, exp)
+    shown["panel"] = panel
     for w in (rows, cols, val, *filters.values()):
         w.observe(panel.update, names="value")
     panel.update()
