@@ -4,12 +4,12 @@
 # * An already active virtualenv or conda env is used as it is (a GPU user keeps their own torch).
 # * Otherwise ./.venv is created. If the system python already has torch (e.g. a CUDA or ROCm build), the venv
 #   inherits it (--system-site-packages); if no torch is found, the CPU build torch==2.13.0 is installed.
-# * The project is installed editable with the extras named in $MLALAB_EXTRAS (default "lab,test"); the step is
+# * The project is installed editable with the extras named in $MLALAB_EXTRAS (default "lab,test,cluster"); the step is
 #   skipped when pyproject.toml has not changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-extras=${MLALAB_EXTRAS:-lab,test}
+extras=${MLALAB_EXTRAS:-lab,test,cluster}
 base_python=${PYTHON:-python3}
 
 if [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then

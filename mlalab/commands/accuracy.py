@@ -42,11 +42,13 @@ def add_scheme_arguments(p: argparse.ArgumentParser, *, plural: bool = False) ->
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_case_arguments(p)
     add_scheme_arguments(p)
+    p.add_argument("--device", default="cpu", help="where quantization and the fp64 decode run: cpu (default), cuda")
     p.add_argument("--json", action="store_true", help="print the metrics record as JSON")
 
 
 def run(a: argparse.Namespace) -> int:
     case = case_from_args(a)
-    rec = evaluate(case, a.q_scheme, a.kv_scheme, a.fp8_format, tolerances=a.tol or DEFAULT_TOLERANCES)
+    tols = a.tol or DEFAULT_TOLERANCES
+    rec = evaluate(case, a.q_scheme, a.kv_scheme, a.fp8_format, tolerances=tols, device=a.device)
     print_record(rec, a.json)
     return 0

@@ -273,9 +273,10 @@ def e2m1_encode(x: torch.Tensor, rounding: str | E2M1Rounding = E2M1Rounding.TIE
     if bool(torch.isnan(xf).any()):
         raise ValueError("x contains NaN; E2M1 has no NaN encoding")
     a = xf.abs().clamp(max=E2M1_MAX)
-    code = torch.bucketize(a, _E2M1_MIDS, right=True)  # ties go up (away from zero) here...
+    mids = _E2M1_MIDS.to(a.device)
+    code = torch.bucketize(a, mids, right=True)  # ties go up (away from zero) here...
     if r is E2M1Rounding.TIES_EVEN:
-        tie = (code > 0) & (a == _E2M1_MIDS[(code - 1).clamp(min=0)])
+        tie = (code > 0) & (a == mids[(code - 1).clamp(min=0)])
         code = torch.where(tie & (code % 2 == 1), code - 1, code)  # ...and back down when the upper code is odd
     sign = (torch.signbit(xf)).to(torch.int64) << 3
     return (code | sign).to(torch.uint8)
@@ -302,7 +303,7 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     check_tensor("codes", codes, dtypes=(torch.uint8,))
     if bool((codes > 15).any()):
         raise ValueError("E2M1 codes must be in [0, 15]; unpack packed bytes first")
-    lut = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+    lut = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32, device=codes.device)
     return lut[codes.long()]
 
 
@@ -335,5 +336,5 @@ def e8m0_from_exponent(e: torch.Tensor) -> torch.Tensor:
 def e8m0_to_float(codes: torch.Tensor) -> torch.Tensor:
     """E8M0 bytes -> float32: 2**(E-127); 0x00 is the fp32 subnormal 2**-127, 0xFF is NaN."""
     check_tensor("codes", codes, dtypes=(torch.uint8,))
-    out = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32), codes.to(torch.int32) - 127)
+    out = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32, device=codes.device), codes.to(torch.int32) - 127)
     return torch.where(codes == E8M0_NAN, torch.full_like(out, math.nan), out)

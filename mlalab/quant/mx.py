@@ -161,7 +161,7 @@ def nvfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     global scale 1 and zero codes."""
     xb = _blocks("x", x, NVFP4_BLOCK)
     amax = tensor_amax(xb)  # (an empty tensor: 0, like an all-zero one)
-    g = (amax / (448.0 * E2M1_MAX)) if float(amax) > 0 else torch.tensor(1.0)
+    g = (amax / (448.0 * E2M1_MAX)) if float(amax) > 0 else torch.ones((), device=x.device)
     g = g.reshape(1).float()
     block_scale = xb.abs().amax(-1) / E2M1_MAX / g
     s8 = block_scale.clamp(min=torch.finfo(torch.float8_e4m3fn).tiny, max=448.0).to(torch.float8_e4m3fn)

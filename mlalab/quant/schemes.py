@@ -160,9 +160,9 @@ class Fp8Scheme:
         xf = _check_x(x).float()
         g = self.granularity
         if g is Granularity.DIRECT:
-            return torch.ones([1] * xf.dim())
+            return torch.ones([1] * xf.dim(), device=xf.device)
         if g is Granularity.STATIC:
-            return torch.full([1] * xf.dim(), float(self.static_amax) / self.fmt.max)
+            return torch.full([1] * xf.dim(), float(self.static_amax) / self.fmt.max, device=xf.device)
         _check_finite_for_scale(xf, self.name)
         if self.math == "bf16":
             return _bf16_scale(x, self.fmt).reshape([1] * xf.dim())

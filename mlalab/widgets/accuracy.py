@@ -1,12 +1,14 @@
-"""Notebook 02 panel: case, input distribution, fp8 flavour, Q scheme, KV schemes and tolerance -> metrics table,
-SQNR heatmap (every Q scheme × the chosen KV schemes), error histograms and value histograms with fp8 bands.
+"""Notebook 02 panel: case, input distribution, fp8 flavour, Q scheme, KV schemes and tolerance -> metrics table
+(HTML, scrolls sideways), SQNR heatmap (every Q scheme × the chosen KV schemes) with a note when the Q schemes tie
+and a button for inputs that separate them, error histograms and value histograms with fp8 bands.
 
 Results are cached per (case, format, scheme), so changing only the tolerance or the selection redraws at once.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,13 +20,25 @@ import torch
 from ..accuracy import DEFAULT_TOLERANCES, Prepared, decode_q_variants, evaluate_prepared, mismatch_key, prepare
 from ..checks import TooLargeError
 from ..config import DecodeCase, InputDist
-from ..plots.accuracy import TABLE_COLUMNS, error_histogram, metrics_table, sqnr_heatmap, value_histogram
+from ..plots.accuracy import (
+    STUDY_DIMENSIONS,
+    TABLE_COLUMNS,
+    error_histogram,
+    error_vs_kv_len,
+    metrics_table_html,
+    sqnr_heatmap,
+    value_histogram,
+)
 from ..quant import FP8_FORMATS, KV_SCHEMES, Q_SCHEMES, Fp8Scheme, concrete_names, get_kv_scheme, get_q_scheme
+from .export import BusyIndicator, ExportBar, export_bar
 
-__all__ = ["AccuracyPanel", "accuracy_panel"]
+__all__ = ["AccuracyPanel", "accuracy_panel", "q_tie_note", "StudyPanel", "study_panel"]
 
 STATIC = "fp8-static"  # the widget's label for fp8-static:<amax>, with the amax from its own box
 PROGRESS_ABOVE_TOKENS = 8192  # bigger cases show a progress bar
+TIE_DB = 1.0  # Q schemes whose SQNR differs by less than this (per KV scheme) are said to tie
+ALL = "(all)"  # a study filter that keeps every value
+SEPARATING_INPUT = ("heavy-tail", 1.0)  # (distribution, std) where the Q schemes' errors differ by several dB
 _STD_OPTIONS = [
     ("distribution default", 0.0),
     ("0.002", 0.002),
@@ -60,20 +74,35 @@ class AccuracyPanel:
     static_amax: W.BoundedFloatText
     tolerance: W.Dropdown
     message: W.HTML
-    status: W.HTML
+    status: W.HTML  # the busy line: "computing …" while it works, then "updated in N s"
     progress: W.IntProgress
-    table: go.FigureWidget
+    table: W.HTML
+    tie_note: W.HTML
+    separate: W.Button
     heatmap: go.FigureWidget
     errors: go.FigureWidget
     q_values: go.FigureWidget
     kv_values: go.FigureWidget
     box: W.VBox
+    busy: BusyIndicator
+    export: ExportBar
     records: pd.DataFrame = field(default_factory=pd.DataFrame)
     last_seconds: float = 0.0
     _prep: dict[Any, Prepared] = field(default_factory=dict)
     _kv: dict[Any, torch.Tensor] = field(default_factory=dict)
     _rec: dict[Any, dict[str, Any]] = field(default_factory=dict)
     _qstats: dict[Any, dict[str, float]] = field(default_factory=dict)
+
+    _held: bool = False
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Change several controls without an update after each (call `update` afterwards)."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
 
     def _name(self, n: str) -> str:
         return f"fp8-static:{float(self.static_amax.value):g}" if n == STATIC else n
@@ -129,7 +158,13 @@ class AccuracyPanel:
         return [self._rec[(q, kv, fmt)] for q in qs]
 
     def update(self, *_: object) -> None:
-        t0 = time.perf_counter()
+        if self._held:
+            return
+        with self.busy("computing the accuracy records"):
+            self._update()
+        self.last_seconds = float(self.busy.last_seconds or 0.0)
+
+    def _update(self) -> None:
         try:
             case = self.case()
             fmt = str(self.fp8_format.value)
@@ -159,10 +194,11 @@ class AccuracyPanel:
                 mismatch_key(rt, at, "zeros_"),
                 mismatch_key(rt, at, "meanv_"),
             ]
-            _replace(
-                self.table, metrics_table(chosen, cols, title=f"Q scheme {q_sel}, mismatch at rtol={rt:g}, atol={at:g}")
+            self.table.value = metrics_table_html(
+                chosen, cols, title=f"Q scheme {q_sel}, mismatch at rtol={rt:g}, atol={at:g}"
             )
             _replace(self.heatmap, sqnr_heatmap(df))
+            self.tie_note.value = q_tie_note(df, case)
             errs = {
                 f"{r['q_scheme']} + {r['kv_scheme']}": r["_err"]
                 for r in recs
@@ -184,8 +220,6 @@ class AccuracyPanel:
             self.message.value = f"<span style='color:#b00'>⚠ {e}</span>"
         finally:
             self.progress.layout.visibility = "hidden"
-            self.last_seconds = time.perf_counter() - t0
-            self.status.value = f"<small>updated in {self.last_seconds:.2f} s</small>"
 
     def _values(self, p: Prepared, q_sel: str, kvs: list[str], fmt: str) -> None:
         qs = get_q_scheme(q_sel, fmt)
@@ -197,6 +231,27 @@ class AccuracyPanel:
         ks = get_kv_scheme(kv_fp8, fmt)
         assert isinstance(ks, Fp8Scheme)
         _replace(self.kv_values, value_histogram(ks.scaled_values(p.kv), fmt, title=f"kv / scale ({kv_fp8})"))
+
+
+def q_tie_note(df: pd.DataFrame, case: DecodeCase) -> str:
+    """Why every Q-scheme row of the heatmap can be the same: computed from the records shown. Empty when the Q
+    schemes differ by TIE_DB or more for some KV scheme."""
+    if not isinstance(df, pd.DataFrame) or not {"q_scheme", "kv_scheme", "sqnr_db"} <= set(df):
+        raise ValueError("df must be the panel's records (q_scheme, kv_scheme, sqnr_db columns)")
+    piv = df.pivot_table(index="q_scheme", columns="kv_scheme", values="sqnr_db", aggfunc="mean")
+    spread = (piv.max() - piv.min()).dropna()
+    if spread.empty or float(spread.max()) >= TIE_DB:
+        return ""
+    dist, std = SEPARATING_INPUT
+    bf16 = piv.loc["bf16", "bf16"] if "bf16" in piv.index and "bf16" in piv.columns else None
+    out_round = f" (for bf16 KV, only the bf16 rounding of the output is left: {bf16:.1f} dB)" if bf16 else ""
+    return (
+        f"<b>Why every Q scheme gives the same SQNR here</b> (they differ by at most {float(spread.max()):.2f} dB per "
+        f"KV scheme): with inputs of std {case.std:g} the scores q·k are tiny, so attention is nearly uniform and the "
+        "small error that quantizing q adds to the scores barely moves the output. The error you see is the KV "
+        f"scheme's{out_round}. With std-1 inputs attention is peaked and q's error shows; with heavy-tailed inputs "
+        f"the scaling granularities differ too. The button below switches to {dist}, std {std:g}."
+    )
 
 
 def accuracy_panel(
@@ -242,13 +297,123 @@ def accuracy_panel(
         style=style,
         layout=lay,
     )
-    msg, status = W.HTML(), W.HTML()
+    msg, busy = W.HTML(), BusyIndicator()
     prog = W.IntProgress(value=0, min=0, max=1, description="computing", layout=W.Layout(visibility="hidden"))
-    figs = [go.FigureWidget() for _ in range(5)]
-    controls = W.HBox([W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol])])
-    box = W.VBox([controls, prog, msg, status, figs[0], figs[1], figs[2], W.HBox([figs[3], figs[4]])])
-    panel = AccuracyPanel(b, L, ql, d, sd, f, q, kv, amax, tol, msg, status, prog, *figs, box)
+    table = W.HTML()
+    note = W.HTML()
+    dist_sep, std_sep = SEPARATING_INPUT
+    sep = W.Button(
+        description=f"inputs that separate Q schemes ({dist_sep}, std {std_sep:g})",
+        layout=W.Layout(width="auto"),
+        tooltip="switch the input distribution and std to where quantizing q changes the output visibly",
+    )
+    figs = [go.FigureWidget() for _ in range(4)]
+    controls = W.HBox([W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol])], layout=W.Layout(flex_flow="row wrap"))
+    # one column: every figure gets the notebook's full width (nothing clipped at 1280 px)
+    shown: dict[str, AccuracyPanel] = {}
+    exp = export_bar(
+        lambda: f"accuracy_{shown['panel'].case().short_str()}",
+        table=lambda: shown["panel"].records,
+        figures=lambda: dict(zip(("sqnr_heatmap", "errors", "q_values", "kv_values"), figs)),
+    )
+    box = W.VBox([controls, prog, msg, busy.widget, table, figs[0], note, sep, *figs[1:], exp.box])
+    panel = AccuracyPanel(
+        b, L, ql, d, sd, f, q, kv, amax, tol, msg, busy.widget, prog, table, note, sep, *figs, box, busy, exp
+    )
+    shown["panel"] = panel
     for w in (b, L, ql, d, sd, f, q, kv, amax, tol):
+        w.observe(panel.update, names="value")
+
+    def separate(_: object) -> None:
+        with panel.hold():
+            d.value, sd.value = dist_sep, std_sep
+        panel.update()
+
+    sep.on_click(separate)
+    panel.update()
+    return panel
+
+
+@dataclass
+class StudyPanel:
+    """Slices of a study table: a heatmap over two chosen dimensions (the others filtered or averaged) and the
+    chosen metric against kv_len with the spread over seeds."""
+
+    df: pd.DataFrame
+    rows: W.Dropdown
+    columns: W.Dropdown
+    value: W.Dropdown
+    filters: dict[str, W.Dropdown]
+    message: W.HTML
+    heatmap: go.FigureWidget
+    curves: go.FigureWidget
+    box: W.VBox
+    export: ExportBar
+
+    def selection(self) -> pd.DataFrame:
+        df = self.df[self.df.error == ""] if "error" in self.df else self.df
+        for col, w in self.filters.items():
+            if w.value != ALL:
+                df = df[df[col].astype(str) == str(w.value)]
+        return df
+
+    def update(self, *_: object) -> None:
+        try:
+            if self.rows.value == self.columns.value:
+                raise ValueError("pick two different dimensions for the heatmap's rows and columns")
+            sel = self.selection()
+            if sel.empty:
+                raise ValueError("no rows match these filters")
+            fixed = ", ".join(f"{c} {w.value}" for c, w in self.filters.items() if w.value != ALL) or "every row"
+            avg = [c for c in STUDY_DIMENSIONS if c in sel and c not in (self.rows.value, self.columns.value)]
+            avg = [c for c in avg if sel[c].nunique() > 1]
+            title = f"{self.value.value}: {self.rows.value} × {self.columns.value} ({fixed}"
+            title += f"; mean over {', '.join(avg)})" if avg else ")"
+            _replace(
+                self.heatmap,
+                sqnr_heatmap(sel, self.value.value, rows=self.rows.value, columns=self.columns.value, title=title),
+            )
+            _replace(self.curves, error_vs_kv_len(sel, self.value.value, color="kv_scheme"))
+            self.message.value = f"{len(sel)} rows of {len(self.df)} selected ({fixed})."
+        except ValueError as e:
+            self.message.value = f"<span style='color:#b00'>⚠ {e}</span>"
+
+
+def study_panel(df: pd.DataFrame, *, value: str = "sqnr_db", **fixed: object) -> StudyPanel:
+    """Build the study panel on a sweep table (`mlalab.accuracy.read_table` / `recorded_study`); `fixed` preselects
+    filters, e.g. ``q_scheme="fp8-tensor"``. Display ``panel.box``."""
+    if not isinstance(df, pd.DataFrame) or not {"q_scheme", "kv_scheme", "kv_len", value} <= set(df):
+        raise ValueError(f"df must be a sweep table with q_scheme, kv_scheme, kv_len and {value!r} columns")
+    dims = [c for c in STUDY_DIMENSIONS if c in df]
+    style, lay = {"description_width": "110px"}, W.Layout(width="300px")
+    metrics = [c for c in ("sqnr_db", "rel_l2", "max_abs_over_ref_rms", "worst_row_cosine") if c in df]
+    rows = W.Dropdown(options=dims, value="kv_scheme", description="heatmap rows", style=style, layout=lay)
+    cols = W.Dropdown(
+        options=dims, value="dist" if "dist" in dims else "q_scheme", description="columns", style=style, layout=lay
+    )
+    val = W.Dropdown(options=metrics, value=value, description="metric", style=style, layout=lay)
+    filters = {}
+    for c in dims:
+        opts = [ALL, *sorted(df[c].astype(str).unique(), key=lambda v: (len(v), v))]
+        pick = str(fixed.get(c, ALL))
+        if pick not in opts:
+            raise ValueError(f"{c}={fixed.get(c)!r} is not in the table; it holds {opts[1:]}")
+        filters[c] = W.Dropdown(options=opts, value=pick, description=c, style=style, layout=lay)
+    msg = W.HTML()
+    figs = [go.FigureWidget(), go.FigureWidget()]
+    controls = W.HBox(
+        [W.VBox([rows, cols, val]), W.VBox(list(filters.values()))], layout=W.Layout(flex_flow="row wrap")
+    )
+    shown: dict[str, StudyPanel] = {}
+    exp = export_bar(
+        lambda: f"study_{val.value}_{rows.value}_x_{cols.value}",
+        table=lambda: shown["panel"].selection(),
+        figures=lambda: {"heatmap": figs[0], "vs_kv_len": figs[1]},
+    )
+    box = W.VBox([controls, msg, *figs, exp.box])
+    panel = StudyPanel(df, rows, cols, val, filters, msg, *figs, box, exp)
+    shown["panel"] = panel
+    for w in (rows, cols, val, *filters.values()):
         w.observe(panel.update, names="value")
     panel.update()
     return panel

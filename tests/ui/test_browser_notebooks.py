@@ -213,6 +213,31 @@ def _move(pg: object, panel: object, mv: Move) -> str:
     raise ValueError(f"unknown move kind {mv.kind!r}")
 
 
+# Notebook 02's panel at 1280 px: no figure sticks out of the output area, the metrics table scrolls inside its own
+# box instead of being cut, and no figure title runs into plotly's toolbar (issue: squeezed table, clipped histogram,
+# title under the toolbar).
+NB02_LAYOUT = """(el) => { const out = el.getBoundingClientRect(); const bad = [];
+  const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  el.querySelectorAll('.js-plotly-plot').forEach((gd, i) => { const r = gd.getBoundingClientRect();
+    if (r.right > out.right + 1) bad.push(`figure ${i} ends at ${r.right}px, past the output's ${out.right}px`);
+    const t = gd.querySelector('.gtitle'), m = gd.querySelector('.modebar');
+    if (t && m && hit(t.getBoundingClientRect(), m.getBoundingClientRect()))
+      bad.push(`figure ${i}: title under the toolbar`);
+  });
+  const sc = el.querySelector('.mlalab-scroll');
+  if (!sc) bad.push('no metrics table'); else {
+    const ox = getComputedStyle(sc).overflowX;
+    if (sc.scrollWidth > sc.clientWidth + 1 && !['auto', 'scroll'].includes(ox)) bad.push('metrics table cut');
+    const r = sc.getBoundingClientRect();
+    if (r.right > out.right + 1) {
+      const chain = []; for (let n = sc; n && n !== el; n = n.parentElement)
+        chain.push(`${n.className || n.tagName}:${Math.round(n.getBoundingClientRect().width)}`);
+      bad.push(`metrics table ends at ${r.right}px, past the output's ${out.right}px (${chain.join(' < ')})`);
+    }
+  }
+  return bad; }"""
+
+
 def _first_cell_is_markdown(nb: Path) -> bool:
     cells = nbformat.read(nb, as_version=4).cells
     return bool(cells) and cells[0].cell_type == "markdown" and cells[0].source.lstrip().startswith("#")
@@ -249,6 +274,10 @@ def test_notebook_in_browser(nb: Path, jupyter_lab: LabServer, page: PageProbe) 
         colours: dict[str, str] = {}
         _check_layout(pg, name, colours, "after Run All")
 
+        if nb.name.startswith("02_"):
+            pg.set_viewport_size({"width": 1280, "height": 1000})  # type: ignore[attr-defined]
+            problems = _panel_output(pg, name).evaluate(NB02_LAYOUT)  # type: ignore[attr-defined]
+            assert not problems, f"{name}: layout at 1280 px: {problems}"
         moves = next((m for prefix, m in MOVES.items() if nb.name.startswith(prefix)), ())
         if moves:
             panel = _panel_output(pg, name)
