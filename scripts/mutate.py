@@ -97,7 +97,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("check_metadata",),
         ("tests/test_splitkv_invariants.py", "tests/test_splitkv_doctor.py", "tests/test_splitkv_plan.py"),
     ),
-    "mlalab/accuracy.py": (
+    "mlalab/accuracy/metrics.py": (
         ("mismatch_fraction", "output_metrics"),
         ("tests/test_accuracy_metrics.py",),
     ),
@@ -116,7 +116,7 @@ GROUPS = {
         "mlalab/plan/workplan.py",
         "mlalab/plan/invariants.py",
     ),
-    "accuracy": ("mlalab/accuracy.py",),
+    "accuracy": ("mlalab/accuracy/metrics.py",),
 }
 
 
@@ -160,10 +160,10 @@ HAND: tuple[tuple[str, str, str, str], ...] = (
     ("block128 scale per row instead of per block", "mlalab/quant/schemes.py",
      "return fp8_scale(_padded_blocks(xf, self.block).abs().amax(-1, keepdim=True), self.fmt)",
      "return fp8_scale(_padded_blocks(xf, self.block).abs().amax((-2, -1), keepdim=True), self.fmt)"),
-    ("accuracy mismatch: rtol and atol swapped", "mlalab/accuracy.py",
-     "ok = err <= atol + rtol * ref.double().abs()", "ok = err <= rtol + atol * ref.double().abs()"),
-    ("accuracy mismatch: band relative to |out|", "mlalab/accuracy.py",
-     "ok = err <= atol + rtol * ref.double().abs()", "ok = err <= atol + rtol * out.double().abs()"),
+    ("accuracy mismatch: rtol and atol swapped", "mlalab/accuracy/metrics.py",
+     "ok = err <= atol + rtol * r.abs()", "ok = err <= rtol + atol * r.abs()"),
+    ("accuracy mismatch: band relative to |out|", "mlalab/accuracy/metrics.py",
+     "ok = err <= atol + rtol * r.abs()", "ok = err <= atol + rtol * out.double().abs()"),
     ("plan_balanced cuts ignore kv_granularity", "mlalab/plan/planners.py",
      "take = (remain - ovh) // x.gran * x.gran", "take = remain - ovh"),
     ("plan_fast q_len > 1 tail rule switched off", "mlalab/plan/planners.py",
