@@ -308,3 +308,27 @@ def test_cli_decode_check() -> None:
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["rel_l2"] < 1e-12 and d["out_shape"] == [6, 16, 512]
+
+
+def test_make_plan_takes_the_inputs_themselves() -> None:
+    """make_plan(planner, inputs, target): the inputs' indptrs, page size and last-page lengths, so a paged batch
+    needs no repeated arguments (and its plan emulates)."""
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.plan import emulate_plan
+
+    x = make_inputs(DecodeCase(kv_lens=(100, 300, 7, 0), page_size=16, permute_pages=True))
+    for planner in PLANNERS:
+        a = make_plan(planner, x, "mi300x")
+        b = make_plan(planner, x.qo_indptr, x.kv_indptr, "mi300x", page_size=16, kv_last_page_len=x.kv_last_page_len)
+        assert a.page_size == 16 and all(
+            torch.equal(getattr(a, n), getattr(b, n))
+            for n in ("work_indptr", "work_info", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
+        )
+    emulate_plan(x, make_plan("balanced", x, "h200"))  # (fails with "plan was made for page size 1" otherwise)
+    with pytest.raises(TypeError, match="takes page_size from the inputs"):
+        make_plan("simple", x, "h200", page_size=16)
+    with pytest.raises(TypeError, match="with inputs, the third argument is the target"):
+        make_plan("simple", x, "h200", "mi300x")
+    with pytest.raises(TypeError, match="make_plan needs a target"):
+        make_plan("simple", x.qo_indptr, x.kv_indptr)

@@ -38,6 +38,7 @@ import torch
 
 from ..checks import check_indptr, check_tensor
 from ..config import GpuTarget, get_target
+from ..inputs import DecodeInputs
 from .workplan import Fragment, WorkPlan, build_plan
 
 __all__ = [
@@ -535,11 +536,30 @@ PLANNERS: dict[str, Callable[..., WorkPlan]] = {
 
 
 def make_plan(
-    planner: str, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, target: str | int | GpuTarget, **knobs: object
-) -> WorkPlan:
-    """Run the named planner; unknown names or knobs fail with the valid choices."""
+    planner: str, qo_indptr: torch.Tensor | DecodeInputs, kv_indptr: torch.Tensor | str | int | GpuTarget,
+    target: str | int | GpuTarget | None = None, **knobs: object,
+) -> WorkPlan:  # fmt: skip
+    """Run the named planner; unknown names or knobs fail with the valid choices.
+
+    ``make_plan(planner, qo_indptr, kv_indptr, target, **knobs)``, or with the inputs themselves,
+    ``make_plan(planner, inputs, target, **knobs)``: the indptrs, ``page_size`` and ``kv_last_page_len`` are then
+    the inputs' own (`mlalab.inputs.DecodeInputs`)."""
     if planner not in PLANNERS:
         raise ValueError(f"unknown planner {planner!r}; valid: {', '.join(PLANNERS)}")
+    if isinstance(qo_indptr, DecodeInputs):
+        if target is not None:
+            raise TypeError(
+                "make_plan(planner, inputs, target, **knobs): with inputs, the third argument is the target"
+            )
+        given = sorted({"page_size", "kv_last_page_len"} & set(knobs))
+        if given:
+            raise TypeError(f"make_plan(planner, inputs, ...) takes {', '.join(given)} from the inputs; do not pass it")
+        x, target = qo_indptr, kv_indptr
+        qo_indptr, kv_indptr = x.qo_indptr.cpu(), x.kv_indptr.cpu()
+        knobs = {**knobs, "page_size": x.page_size, "kv_last_page_len": x.kv_last_page_len.cpu()}
+    elif target is None:
+        raise TypeError("make_plan needs a target: make_plan(planner, qo_indptr, kv_indptr, target) or "
+                        "make_plan(planner, inputs, target)")  # fmt: skip
     fn = PLANNERS[planner]
     valid = [n for n, p in inspect.signature(fn).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     bad = [k for k in knobs if k not in valid]
