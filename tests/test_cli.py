@@ -83,6 +83,10 @@ def test_malformed_lists_are_refused_not_repaired(capsys) -> None:
     assert "--sections" in err and "empty item" in err
     err = _main_error(capsys, "report", "--sections", "floor,timing")
     assert "unknown section(s) timing; known:" in err
+    for cmd, flag, bad in (("sm90-build", "--paths", "v-regs,,v-tile"), ("sm90-build", "--reduce", "2,x"),
+                           ("sweep", "--kv-len", "1024,,8192"), ("bench", "--q-lens", "1,,2")):  # fmt: skip
+        err = _main_error(capsys, cmd, flag, bad)
+        assert flag in err and ("empty item" in err or "integers" in err), (cmd, err)
 
 
 def test_a_misspelt_decode_option_names_the_call_and_its_options(capsys) -> None:

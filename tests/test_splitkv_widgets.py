@@ -121,3 +121,18 @@ def test_model_vs_measured_figure() -> None:
     assert "ρ within a batch 0.80" in fig.layout.title.text
     with pytest.raises(ValueError, match="columns"):
         model_vs_measured_figure(df.drop(columns="us_median"))
+
+
+def test_split_kv_panel_exports_the_plan_and_shows_its_work(tmp_path) -> None:
+    import pandas as pd
+
+    from mlalab.widgets.splitkv import split_kv_panel
+
+    p = split_kv_panel(batch=4, kv_len=300, kv_mode="uniform")
+    assert "updated in" in p.busy.widget.value
+    p.export.folder = tmp_path
+    path = p.export.save_csv()
+    works = pd.read_csv(path)
+    assert len(works) == p.plan.n_work and {"cu", "kv_start", "kv_end"} <= set(works.columns)
+    (html, *_) = p.export.save_figures("html")
+    assert html.stat().st_size > 1000

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ._common import parse_csv_items, parse_int_list
+
 NAME = "sm90-build"
 HELP = "compile the sm_90 kernels for Hopper (no GPU needed) and print registers, spills, shared memory, SASS mix"
 ORDER = 70
@@ -14,22 +16,20 @@ _PATHS = ("v-regs", "v-tile", "v-conv")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--paths", default=",".join(_PATHS), help="stage-1 paths: v-regs (a8w8), v-tile (bf16), v-conv "
-                   "(a16w8); default all")  # fmt: skip
+    p.add_argument("--paths", type=parse_csv_items, default=_PATHS, help="stage-1 paths: v-regs (a8w8), v-tile "
+                   "(bf16), v-conv (a16w8); default all")  # fmt: skip
     p.add_argument("--paged", action="store_true", help="with the masked tiles of a paged cache")
-    p.add_argument("--reduce", default="2,8,16,64", help="max partials per request of the Gluon reduce builds")
+    p.add_argument("--reduce", type=parse_int_list, default=(2, 8, 16, 64),
+                   help="max partials per request of the Gluon reduce builds")  # fmt: skip
     p.add_argument("--json", action="store_true")
 
 
 def run(a: argparse.Namespace) -> int:
-    paths = [x for x in a.paths.split(",") if x]
+    paths = list(a.paths)
     bad = [x for x in paths if x not in _PATHS]
     if bad:
         raise ValueError(f"--paths: unknown {', '.join(bad)}; valid: {', '.join(_PATHS)}")
-    try:
-        counts = [int(x) for x in a.reduce.split(",") if x]
-    except ValueError:
-        raise ValueError(f"--reduce must be comma-separated ints, got {a.reduce!r}") from None
+    counts = list(a.reduce)
     from ..kernels.sm90.host import import_error
 
     reason = import_error()

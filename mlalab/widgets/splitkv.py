@@ -20,6 +20,7 @@ from ..inputs import make_inputs, ragged_kv_lens
 from ..plan import PLANNERS, EmulationResult, WorkPlan, emulate_plan, indptrs_for, make_plan
 from ..plots.splitkv import gantt_figure, step_through_figure, targets_figure, work_map_figure
 from ..reference import decode_inputs_reference
+from .export import BusyIndicator, ExportBar, export_bar
 
 __all__ = ["SplitKVPanel", "split_kv_panel", "STEP_THROUGH_MAX_TOKENS", "worked_merge", "latest_explore_recording",
            "recorded_timeline"]  # fmt: skip
@@ -98,6 +99,8 @@ class SplitKVPanel:
     result: EmulationResult | None = None
     rel_l2: float | None = None
     timeline_box: W.Box = dataclasses.field(default_factory=lambda: W.VBox(layout=W.Layout(width="600px")))
+    busy: BusyIndicator = dataclasses.field(default_factory=BusyIndicator)
+    export: ExportBar | None = None
 
     def kv_lens(self) -> tuple[int, ...]:
         c = self.controls
@@ -124,6 +127,10 @@ class SplitKVPanel:
 
     def update(self, *_: object) -> None:
         """Re-plan and redraw; invalid combinations show a message instead of raising."""
+        with self.busy("planning and drawing"):
+            self._update()
+
+    def _update(self) -> None:
         c = self.controls
         c["cus"].disabled = c["target"].value != "custom"
         c["long_len"].disabled = c["kv_mode"].value != "one long"
@@ -262,9 +269,15 @@ def split_kv_panel(
     left = W.VBox([controls[k] for k in ("target", "cus", "planner", "batch", "kv_mode", "kv_len", "long_len", "seed")])
     right = W.VBox([controls[k] for k in ("splits", "granularity", "overhead", "dist", "q_scale", "request", "head",
                                           "step")])  # fmt: skip
+    p.export = exp = export_bar(
+        lambda: f"plan_{p.controls['planner'].value}_{p.target()}",
+        table=lambda: None if p.plan is None else p.plan.to_frame(),
+        figures=lambda: {k: f for k, f in figures.items() if f.data},
+    )
     p.panel = W.VBox(
         [
             W.HBox([left, right]),
+            p.busy.widget,
             p.summary,
             p.message,
             figures["targets"],
@@ -273,6 +286,7 @@ def split_kv_panel(
             W.HTML("<b>Step-through</b>: the chosen request's works run alone (float64), then the merge."),
             figures["step"],
             p.merge,
+            exp.box,
         ]
     )
     for k, w in controls.items():
