@@ -326,7 +326,7 @@ def test_make_plan_takes_the_inputs_themselves() -> None:
             for n in ("work_indptr", "work_info", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
         )
     emulate_plan(x, make_plan("balanced", x, "h200"))  # (fails with "plan was made for page size 1" otherwise)
-    with pytest.raises(TypeError, match="takes page_size from the inputs"):
+    with pytest.raises(TypeError, match="it takes page_size from the inputs"):
         make_plan("simple", x, "h200", page_size=16)
     with pytest.raises(TypeError, match="with inputs, the third argument is the target"):
         make_plan("simple", x, "h200", "mi300x")

@@ -547,13 +547,10 @@ def make_plan(
     if planner not in PLANNERS:
         raise ValueError(f"unknown planner {planner!r}; valid: {', '.join(PLANNERS)}")
     if isinstance(qo_indptr, DecodeInputs):
-        if target is not None:
-            raise TypeError(
-                "make_plan(planner, inputs, target, **knobs): with inputs, the third argument is the target"
-            )
         given = sorted({"page_size", "kv_last_page_len"} & set(knobs))
-        if given:
-            raise TypeError(f"make_plan(planner, inputs, ...) takes {', '.join(given)} from the inputs; do not pass it")
+        if target is not None or given:
+            raise TypeError("make_plan(planner, inputs, target, **knobs): with inputs, the third argument is the target"
+                            + (f"; it takes {', '.join(given)} from the inputs" if given else ""))  # fmt: skip
         x, target = qo_indptr, kv_indptr
         qo_indptr, kv_indptr = x.qo_indptr.cpu(), x.kv_indptr.cpu()
         knobs = {**knobs, "page_size": x.page_size, "kv_last_page_len": x.kv_last_page_len.cpu()}
