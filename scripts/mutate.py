@@ -76,7 +76,8 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "mlalab/plan/merge.py": (
         ("lse_merge",),
-        ("tests/test_splitkv_emulate.py", "tests/test_executors_discriminate.py", "tests/test_splitkv_plan.py"),
+        ("tests/test_lse_merge.py", "tests/test_splitkv_emulate.py", "tests/test_executors_discriminate.py",
+         "tests/test_splitkv_plan.py"),
     ),
     "mlalab/plan/emulate.py": (
         ("_stage1", "emulate_plan", "token_operands"),
