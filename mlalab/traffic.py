@@ -9,20 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import MLA, DecodeCase, GpuTarget, MLAConfig, get_target
+from .quant.precision import KV_TOKEN_BYTES
 
 __all__ = ["KV_STORAGE", "kv_bytes_per_token", "DecodeTraffic", "decode_traffic"]
 
-# Storage of one KV token (576 values) per format, in bytes, including block scales where the format has them.
-# Scale overheads: mxfp4 one E8M0 byte per 32 values; nvfp4 one e4m3 byte per 16 values (+ a global fp32 per
-# tensor, negligible); per-tensor fp8 has a single fp32 scale (negligible); FlashMLA's V3.2 layout stores
-# 512 fp8 + 4 fp32 scales (16 B) + 64 bf16 RoPE values (128 B) = 656 B.
-KV_STORAGE: dict[str, float] = {
-    "bf16": 576 * 2,
-    "fp8": 576 * 1,
-    "fp8-flashmla-v32": 512 + 4 * 4 + 64 * 2,
-    "mxfp4": 576 / 2 + 576 / 32,
-    "nvfp4": 576 / 2 + 576 / 16,
-}
+#: Storage of one KV token (576 values) per format, in bytes, block scales included: the precision table's
+#: `mlalab.quant.precision.KV_TOKEN_BYTES` (one definition).
+KV_STORAGE: dict[str, float] = KV_TOKEN_BYTES
 
 
 def kv_bytes_per_token(kv_format: str | float, config: MLAConfig = MLA) -> float:

@@ -60,6 +60,10 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("tests/test_quant_formats.py", "tests/test_quant_oracles.py", "tests/test_quant_schemes.py",
          "tests/test_mxfp4_aiter.py"),
     ),
+    "mlalab/quant/precision.py": (
+        ("*", "PrecisionSpec.kv_token_bytes", "PrecisionSpec.q_bytes", "get_precision"),
+        ("tests/test_traffic.py", "tests/test_timing_rates.py"),
+    ),
     "mlalab/reference.py": (
         ("decode_reference", "decode_naive_loop"),
         ("tests/test_reference.py", "tests/test_executors_discriminate.py", "tests/test_reference_bad_input.py",
@@ -68,7 +72,8 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "mlalab/traffic.py": (
         ("*", "kv_bytes_per_token", "DecodeTraffic.total_bytes", "DecodeTraffic.intensity", "DecodeTraffic.floor_us",
          "decode_traffic"),
-        ("tests/test_timing_rates.py", "tests/test_timing_views.py", "tests/test_timing_recorded.py"),
+        ("tests/test_traffic.py", "tests/test_timing_rates.py", "tests/test_timing_views.py",
+         "tests/test_timing_recorded.py"),
     ),
     "mlalab/timing.py": (
         ("rotation_copies", "call_bytes", "kv_cache_bytes", "rate_columns", "rel_l2"),
@@ -106,7 +111,7 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 #: module groups for --modules
 GROUPS = {
-    "quant": ("mlalab/quant/schemes.py", "mlalab/quant/mx.py", "mlalab/quant/formats.py"),
+    "quant": ("mlalab/quant/schemes.py", "mlalab/quant/mx.py", "mlalab/quant/formats.py", "mlalab/quant/precision.py"),
     "reference": ("mlalab/reference.py",),
     "traffic": ("mlalab/traffic.py",),
     "timing": ("mlalab/timing.py",),

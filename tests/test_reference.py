@@ -132,3 +132,19 @@ def test_gpu_reference_is_float32() -> None:
     x = make_inputs(DecodeCase(kv_lens=(100, 30))).to("cuda")
     out, _ = decode_inputs_reference(x)
     assert out.dtype == torch.float32
+
+
+def test_naive_loop_subtracts_the_max_on_huge_scores() -> None:
+    """Scores in the thousands (q x 3000 on unit-std inputs): exp overflows unless the max is subtracted first; the
+    teaching loop still equals the reference."""
+    import dataclasses
+
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.reference import decode_inputs_reference, decode_naive_loop
+
+    x = make_inputs(DecodeCase(kv_lens=(5, 9), seed=1, dist="unit"))
+    x = dataclasses.replace(x, q=x.q.double() * 3000)
+    ref, _ = decode_inputs_reference(x)
+    out = decode_naive_loop(x)
+    assert torch.isfinite(out).all() and float((out - ref).abs().max()) < 1e-9

@@ -16,7 +16,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Precision", "PrecisionSpec", "PRECISIONS", "CORE_PRECISIONS", "get_precision"]
+__all__ = ["Precision", "PrecisionSpec", "PRECISIONS", "CORE_PRECISIONS", "KV_TOKEN_BYTES", "get_precision"]
+
+#: Bytes of one KV token (576 values) per storage format, block scales included: mxfp4 one E8M0 byte per 32 values,
+#: nvfp4 one E4M3 byte per 16 (+ an fp32 per tensor, negligible), per-tensor fp8 one fp32 scale (negligible);
+#: FlashMLA's V3.2 layout 512 fp8 + 4 fp32 scales (16 B) + 64 bf16 RoPE values (128 B). `mlalab.traffic.KV_STORAGE`
+#: is this table.
+KV_TOKEN_BYTES: dict[str, float] = {
+    "bf16": 576 * 2,
+    "fp8": 576 * 1,
+    "fp8-flashmla-v32": 512 + 4 * 4 + 64 * 2,
+    "mxfp4": 576 / 2 + 576 / 32,
+    "nvfp4": 576 / 2 + 576 / 16,
+}
 
 
 class Precision(enum.StrEnum):
@@ -66,8 +78,8 @@ class PrecisionSpec:
 
     @property
     def kv_token_bytes(self) -> float:
-        """Bytes of one KV token (576 values), block scales included (`mlalab.traffic.KV_STORAGE`)."""
-        return {"fp8": 576.0, "bf16": 1152.0, "mxfp4": 576 / 2 + 576 / 32, "nvfp4": 576 / 2 + 576 / 16}[self.kv_format]
+        """Bytes of one KV token (576 values), block scales included (`KV_TOKEN_BYTES`)."""
+        return float(KV_TOKEN_BYTES[self.kv_format])
 
 
 PRECISIONS: dict[Precision, PrecisionSpec] = {
