@@ -3,6 +3,10 @@ cheat baseline: which check can tell a decode over every other KV page from the 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -124,3 +128,29 @@ def test_records_carry_every_named_check(records: dict[str, dict]) -> None:
             assert 0.0 <= r[check_key(name, "mismatch", prefix)] <= 1.0
     for rt, at in ((2e-2, 8e-3), (1e-1, 5e-2)):
         assert f"halfkv_mismatch@{rt:g},{at:g}" in r
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlalab", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_accuracy_preset_draws_the_competition_case_and_gives_the_verdict() -> None:
+    r = _cli("accuracy", "--preset", "mixed-mla-2026", "--kv-scheme", "mxfp4-aiter", "--json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert (rec["preset"], rec["dist"], rec["std"], rec["seed"]) == ("mixed-mla-2026", "unit", 1.0, 4217)
+    assert rec["halfkv_passes@mixed-mla-2026"] is True and rec["zeros_passes@mixed-mla-2026"] is False
+    text = _cli("accuracy", "--preset", "mixed-mla-2026").stdout
+    assert "half-KV cheat 3.62 % passes" in text and "zeros 8.92 % FAILS" in text
+    bad = _cli("accuracy", "--preset", "competition", "--seed", "3")
+    assert bad.returncode != 0 and "drop ['--seed']" in bad.stderr
+
+
+def test_cli_sweep_preset_takes_its_shapes_and_seeds(tmp_path) -> None:
+    r = _cli("sweep", "--preset", "mixed-mla-2026", "--estimate")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("8 rows (8 cases")
+    bad = _cli("sweep", "--preset", "mixed-mla-2026", "--batch", "4")
+    assert bad.returncode != 0 and "drop ['--batch']" in bad.stderr
+    bad = _cli("sweep", "--preset", "nope")
+    assert bad.returncode != 0 and "invalid choice: 'nope'" in bad.stderr
