@@ -114,7 +114,7 @@ def bytes_floor_figure(df: pd.DataFrame, *, title: str | None = None) -> go.Figu
         title=title or default,
         height=330,
         xaxis_title="bytes per KV token (576 values, scales included)",
-        yaxis={"autorange": "reversed"},
+        yaxis={"autorange": "reversed", "title": "precision (q · KV)"},
         margin={"l": 110, "r": 20, "b": 50},
     )
     return place_title(fig)
