@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
+from mlalab.accuracy import PRESETS
 from mlalab.accuracy.frontier import (
     PRECISION_SCHEMES,
     as_check,
@@ -97,3 +98,17 @@ def test_tolerance_choices(table: pd.DataFrame) -> None:
     strict = frontier_table(4, 1024, tolerance=(1e-3, 1e-5))
     passes = (strict.set_index("precision").passes["a8w8"], table.set_index("precision").passes["a8w8"])
     assert passes == (False, True)
+
+
+def test_panel_switches_preset_and_says_what_is_not_measured() -> None:
+    from mlalab.widgets.frontier import frontier_panel
+
+    p = frontier_panel()
+    assert "Not measured, drawn at their bandwidth floor: a16w4-mxfp4, a8w4-mxfp4, a16w4-nvfp4, a8w4-nvfp4" in (
+        p.message.value
+    )
+    p.preset.value = "mixed-mla-2026"
+    assert [v for _, v in p.shape.options] == list(PRESETS["mixed-mla-2026"].shapes)
+    assert p.df.attrs["accuracy_case"] == "B4-L1024-q1-unit-s4217" and "up to 5 %" in p.message.value
+    with pytest.raises(ValueError, match="preset must be one of"):
+        frontier_panel(preset="nope")

@@ -86,6 +86,7 @@ class FrontierPanel:
             else f" Accuracy case {a['accuracy_case']}."
         )
         self.message.value = (
+            f"Preset {html.escape(a['preset'])}: {html.escape(PRESETS[a['preset']].description)}. "
             f"Times: {html.escape(a['run'])} (recorded H200 run, Triton default config). "
             f"<b>Not measured, drawn at their bandwidth floor: {floors}.</b> "
             f"Frontier of the measured points ({metric}): {front}. Mismatch and passes: {html.escape(a['check'])}."
@@ -103,11 +104,12 @@ def frontier_panel(
         raise ValueError(f"metric must be one of {', '.join(FRONTIER_METRICS)}, got {metric!r}")
     style, lay = {"description_width": "120px"}, W.Layout(width="380px")
     pre = W.Dropdown(
-        options=[(f"{k}: {v.description}", k) for k, v in PRESETS.items()],
+        options=list(PRESETS),
         value=preset,
         description="preset (inputs)",
         style=style,
-        layout=W.Layout(width="760px"),
+        layout=lay,
+        tooltip="; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()),
     )
 
     def shapes(name: str) -> list[tuple[str, tuple[int, int]]]:
@@ -139,7 +141,7 @@ def frontier_panel(
         table=lambda: holder["p"].df,
         figures=lambda: {"frontier": figs[0], "bytes_floor": figs[1]},
     )
-    controls = W.VBox([pre, W.HBox([W.VBox([shp, met]), W.VBox([tol])], layout=W.Layout(flex_flow="row wrap"))])
+    controls = W.HBox([W.VBox([pre, shp]), W.VBox([met, tol])], layout=W.Layout(flex_flow="row wrap"))
     box = W.VBox([controls, busy.widget, msg, figs[0], figs[1], table, exp.box])
     panel = FrontierPanel(pre, shp, met, tol, msg, table, figs[0], figs[1], box, busy, exp)
     holder["p"] = panel
