@@ -20,10 +20,14 @@ __all__ = [
     "GPU_TARGETS",
     "get_target",
     "COMPETITION_SHAPES",
+    "MIXED_MLA_2026_SHAPES",
 ]
 
 #: The 12 shapes (batch, kv_len) of the GPU MODE MLA-decode problem the timings are reported on (q_len 1).
 COMPETITION_SHAPES = [(b, L) for b in (4, 8, 16, 32, 64, 128) for L in (1024, 8192)]
+
+#: The 8 benchmark shapes (batch, kv_len) of its 2026 successor, GPU MODE ``amd_202602/mixed-mla`` (q_len 1).
+MIXED_MLA_2026_SHAPES = [(b, L) for L in (1024, 8192) for b in (4, 32, 64, 256)]
 
 
 @dataclass(frozen=True)

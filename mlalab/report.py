@@ -31,6 +31,7 @@ from plotly.utils import PlotlyJSONEncoder
 
 from . import __version__
 from .accuracy import sweep
+from .accuracy.frontier import frontier_table
 from .config import GPU_TARGETS, DecodeCase
 from .io import natural_key
 from .plan import indptrs_for, make_plan
@@ -42,6 +43,7 @@ from .plots.experiments import (
     experiment_summary,
     experiments_summary_figure,
 )
+from .plots.frontier import bytes_floor_figure, frontier_figure
 from .plots.splitkv import cu_load_figure, work_map_figure
 from .plots.timing import bandwidth_figure, bars_per_shape
 from .records.ab import list_experiments, load_experiment
@@ -254,6 +256,23 @@ def section_experiment_details(opts: ReportOptions) -> Section:
     return Section(key, title, desc, figs, source="mlalab.plots.experiments.experiment_figure")
 
 
+def section_frontier(opts: ReportOptions) -> Section:
+    key, title = "frontier", "Precision frontier: time vs accuracy per precision"
+    desc = (
+        f"Every precision the GPU kernels run at batch {opts.batch} × kv_len {opts.kv_len}: µs from the recorded H200 "
+        "run (data/timings) against the rel-L2 error computed now on the CPU (competition inputs, fp64 reference). "
+        "Precisions without a recorded time (fp4 KV) are open markers at their bandwidth floor (bytes per call / "
+        "the run's copy bandwidth): not measured, a lower bound. Solid line: the frontier of the measured points."
+    )
+    try:
+        df = frontier_table(opts.batch, opts.kv_len, data_dir=str(opts.data_dir / "timings"))
+    except (FileNotFoundError, ValueError) as e:
+        return _unavailable(key, title, desc, f"no recorded run to place the points: {e}")
+    desc += f" Times: {df.attrs['run']}; accuracy case {df.attrs['accuracy_case']}."
+    figs = (frontier_figure(df), bytes_floor_figure(df))
+    return Section(key, title, desc, figs, source="mlalab.accuracy.frontier.frontier_table, mlalab.plots.frontier")
+
+
 SectionBuilder = Callable[[ReportOptions], Section]
 
 #: Sections built only with ReportOptions(details=True) (``--details``) or when named in `keys`.
@@ -264,6 +283,7 @@ SECTION_BUILDERS: dict[str, SectionBuilder] = {
     "timings": section_timings,
     "experiments": section_experiments,
     "accuracy": section_accuracy,
+    "frontier": section_frontier,
     "floor": section_floor,
     "workmap": section_workmap,
     "experiment-details": section_experiment_details,

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .config import COMPETITION_SHAPES, DecodeCase
+from .config import COMPETITION_SHAPES, MIXED_MLA_2026_SHAPES, DecodeCase
 from .inputs import make_inputs
 from .quant.precision import CORE_PRECISIONS, PRECISIONS, get_precision
 from .records.schema import ACCURACY_PENDING, PROVENANCE_COLUMNS, TimingRecord, config_cell, write_csv
@@ -64,7 +64,7 @@ LAYOUTS = {"contiguous": (1, False, 1), "paged64": (64, True, 1), "paged16": (16
 SUITES: dict[str, list[tuple[int, int, int, str]]] = {
     "competition": [(b, n, 1, "contiguous") for b, n in COMPETITION_SHAPES],
     "smoke": [(4, 1024, 1, "contiguous"), (128, 8192, 1, "contiguous")],
-    "mixed-mla-2026": [(b, n, 1, "contiguous") for n in (1024, 8192) for b in (4, 32, 64, 256)],
+    "mixed-mla-2026": [(b, n, 1, "contiguous") for b, n in MIXED_MLA_2026_SHAPES],
     "layouts": [
         (b, n, q, lay) for lay in LAYOUTS for q in (1, 2, 4) for b, n in (*COMPETITION_SHAPES, (256, 1024), (256, 8192))
     ],  # fmt: skip

@@ -160,3 +160,19 @@ def test_panels_export_their_table_and_show_a_busy_line(panel, tmp_path: Path, m
     assert path is not None and path.exists() and path.name.startswith("accuracy_B")
     back = pd.read_csv(path)
     assert len(back) == len(panel.records) and set(back.kv_scheme) == set(panel.records.kv_scheme)
+
+
+def test_preset_sets_inputs_seed_and_check_and_a_changed_input_ends_it() -> None:
+    from mlalab.accuracy import CHECKS
+    from mlalab.widgets.accuracy import accuracy_panel
+
+    p = accuracy_panel(kv_len=256)
+    p.preset.value = "mixed-mla-2026"
+    case = p.case()
+    assert (case.dist.value, case.std, case.seed, case.kv_lens) == ("unit", 1.0, 4217, (1024,) * 4)
+    assert p.tolerance.value == CHECKS["mixed-mla-2026"]
+    table = p.table.value.replace("<wbr>", "")
+    assert "passes@mixed-mla-2026" in table and "halfkv_passes@mixed-mla-2026" in table
+    assert "half-KV cheat" in p.message.value  # it passes the 2026 check at these inputs (3.6 % mismatch)
+    p.dist.value = "competition"  # not the preset's distribution: custom inputs, seed 0
+    assert p.preset.value == "" and p.case().seed == 0

@@ -23,6 +23,13 @@ EXPECTED_TEXT = {
         "loaded cpu_2026-12-04_sweep_B4_L1024_L8192.csv: 792 rows",
         "seeds [0, 1, 2]",
     ],
+    "05_precision_frontier.ipynb": [
+        "fp4 points drawn at their floor, marked not measured: True",
+        "every floor marker says so in the legend: True",
+        "measured times are recorded medians: True",
+        "frontier points are non-dominated: True",
+        "mixed-mla-2026: rtol 0.1, atol 0.1, up to 5 % of elements may mismatch",
+    ],
     "03_split_kv_work_maps.ipynb": [
         "MI300X works/request 16",
         "32 works; tokens per work: [16]",

@@ -39,6 +39,7 @@ SECTION_MODULES = {
     "workmap": "mlalab.plots.splitkv",
     "timings": "mlalab.plots.timing",
     "experiments": "mlalab.plots.experiments",
+    "frontier": "mlalab.plots.frontier",
 }
 
 

@@ -4,6 +4,8 @@ With ``--out`` the table is resumable: re-running the same command skips the row
 the rest (failed rows are retried). ``--workers N`` / ``--scheduler ADDRESS|local:N`` spread the work over local
 processes or a Dask cluster; ``--device cuda`` evaluates on the GPU; ``--agreement PATH`` compares the CPU with the
 device on the grid and records rows/s on both; ``--estimate`` prints the study's size without computing it.
+``--preset NAME`` takes a competition's benchmark shapes, each with its seed, and its input distribution
+(`mlalab.accuracy.PRESETS`); every row reports the named checks (``passes@NAME``) and the baselines'.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from ..accuracy import (
     ResultStore,
     check_output_path,
     device_agreement,
+    get_preset,
     parse_shapes,
     sweep,
 )
 from ..config import DecodeCase
 from ..quant import FP8_FORMATS, KV_SCHEMES, Q_SCHEMES, concrete_names
 from ._common import parse_int_list
-from .accuracy import add_scheme_arguments
+from .accuracy import add_preset_argument, add_scheme_arguments
 
 NAME = "sweep"
 HELP = "accuracy grid over shapes, distributions, seeds, fp8 formats and schemes; resumable CSV/Parquet; Dask/GPU"
@@ -45,8 +48,8 @@ def _shapes(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", type=parse_int_list, default=(4,), help="batch sizes, comma-separated (default 4)")
-    p.add_argument("--kv-len", type=parse_int_list, default=(1024,), help="KV lengths, comma-separated")
+    p.add_argument("--batch", type=parse_int_list, default=None, help="batch sizes, comma-separated (default 4)")
+    p.add_argument("--kv-len", type=parse_int_list, default=None, help="KV lengths, comma-separated (default 1024)")
     p.add_argument(
         "--shapes",
         type=_shapes,
@@ -55,10 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "4..128 x 1024, 8192)",
     )
     p.add_argument("--q-len", type=parse_int_list, default=(1,), help="query lengths, comma-separated")
-    p.add_argument("--seed", type=parse_int_list, default=(0,), help="seeds, comma-separated")
-    p.add_argument("--dist", default="competition", help="input distributions, comma-separated ('all': every one)")
+    p.add_argument("--seed", type=parse_int_list, default=None, help="seeds, comma-separated (default 0)")
+    p.add_argument(
+        "--dist", default=None, help="input distributions, comma-separated ('all': every one; default competition)"
+    )
     p.add_argument("--scale", type=float, default=None, help="std of the distribution (default: its own)")
     add_scheme_arguments(p, plural=True)
+    add_preset_argument(p)
     p.add_argument("--device", default="cpu", help="where quantization and the fp64 decode run: cpu (default), cuda")
     ex = p.add_mutually_exclusive_group()
     ex.add_argument("--workers", type=int, default=None, help="run on N local worker processes")
@@ -90,15 +96,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _grid_args(a: argparse.Namespace) -> tuple[list[DecodeCase], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     from ..config import InputDist
 
-    shapes = a.shapes if a.shapes is not None else tuple((b, L) for b in a.batch for L in a.kv_len)
-    dists = _list(a.dist, tuple(d.value for d in InputDist), "dist")
-    cases = [
-        DecodeCase.uniform(b, L, q_len=ql, seed=s, dist=d, scale=a.scale)
-        for d in dists
-        for b, L in shapes
-        for ql in a.q_len
-        for s in a.seed
-    ]
+    if a.preset is not None:
+        opts = {"--batch": a.batch, "--kv-len": a.kv_len, "--shapes": a.shapes, "--seed": a.seed, "--dist": a.dist,
+                "--scale": a.scale}  # fmt: skip
+        given = [f for f, v in opts.items() if v is not None]
+        if given:
+            raise ValueError(f"--preset {a.preset} sets the shapes, seeds and inputs; drop {given}")
+        preset = get_preset(a.preset)
+        cases = [preset.case(b, L, q_len=ql) for b, L in preset.shapes for ql in a.q_len]
+    else:
+        batches, kv_lens = a.batch or (4,), a.kv_len or (1024,)
+        shapes = a.shapes if a.shapes is not None else tuple((b, L) for b in batches for L in kv_lens)
+        dists = _list(a.dist or "competition", tuple(d.value for d in InputDist), "dist")
+        cases = [
+            DecodeCase.uniform(b, L, q_len=ql, seed=s, dist=d, scale=a.scale)
+            for d in dists
+            for b, L in shapes
+            for ql in a.q_len
+            for s in a.seed or (0,)
+        ]
     return (
         cases,
         _list(a.q_schemes, Q_SCHEMES, "q-schemes"),
@@ -165,6 +181,8 @@ def run(a: argparse.Namespace) -> int:
         print(f"{summary}; table: {out}")
     else:
         cols = ["case", "fp8_format", "q_scheme", "kv_scheme", "rel_l2", "sqnr_db", "max_abs", "nan_count", "error"]
+        if a.preset is not None:
+            cols[-1:-1] = [f"passes@{a.preset}", f"halfkv_passes@{a.preset}"]
         print(df[[c for c in cols if c in df]].to_string(index=False))
         print(summary)
     return 1 if s["failed"] else (3 if s["left"] else 0)

@@ -1,4 +1,5 @@
-"""Notebook 02 panel: case, input distribution, fp8 flavour, Q scheme, KV schemes and tolerance -> metrics table
+"""Notebook 02 panel: case, input distribution, fp8 flavour, Q scheme, KV schemes, tolerance (an (rtol, atol) pair or a
+competition's named check) and a competition preset (its distribution, std, seed and check) -> metrics table
 (HTML, scrolls sideways), SQNR heatmap (every Q scheme × the chosen KV schemes) with a note when the Q schemes tie
 and a button for inputs that separate them, error histograms and value histograms with fp8 bands.
 
@@ -17,7 +18,18 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from ..accuracy import DEFAULT_TOLERANCES, Prepared, decode_q_variants, evaluate_prepared, mismatch_key, prepare
+from ..accuracy import (
+    CHECKS,
+    DEFAULT_TOLERANCES,
+    PRESETS,
+    NamedCheck,
+    Prepared,
+    check_key,
+    decode_q_variants,
+    evaluate_prepared,
+    mismatch_key,
+    prepare,
+)
 from ..checks import TooLargeError
 from ..config import DecodeCase, InputDist
 from ..plots.accuracy import (
@@ -73,6 +85,7 @@ class AccuracyPanel:
     kv_schemes: W.SelectMultiple
     static_amax: W.BoundedFloatText
     tolerance: W.Dropdown
+    preset: W.Dropdown  # "" = custom inputs; a preset's name sets dist, std, seed and tolerance
     message: W.HTML
     status: W.HTML  # the busy line: "computing …" while it works, then "updated in N s"
     progress: W.IntProgress
@@ -109,13 +122,37 @@ class AccuracyPanel:
 
     def case(self) -> DecodeCase:
         std = float(self.std.value)
+        b, n = int(self.batch.value), int(self.kv_len.value)
         return DecodeCase.uniform(
-            int(self.batch.value),
-            int(self.kv_len.value),
+            b,
+            n,
             q_len=int(self.q_len.value),
             dist=str(self.dist.value),
             scale=std if std > 0 else None,
+            seed=PRESETS[self.preset.value].seed_for(b, n) if self.preset.value else 0,
         )
+
+    def apply_preset(self, *_: object) -> None:
+        """Set the inputs (distribution, std; the shape when the current one is not among the preset's) and the
+        tolerance to the chosen preset's, then update once."""
+        if not self.preset.value:
+            return
+        pr = PRESETS[self.preset.value]
+        with self.hold():
+            self.dist.value, self.std.value = pr.dist.value, float(pr.scale)
+            if (int(self.batch.value), int(self.kv_len.value)) not in pr.shapes:
+                self.batch.value, self.kv_len.value = pr.shapes[0]
+            self.tolerance.value = pr.check
+        self.update()
+
+    def _inputs_changed(self, *_: object) -> None:
+        """A distribution or std the preset does not use turns the preset off (custom inputs)."""
+        if self._held or not self.preset.value:
+            return
+        pr = PRESETS[self.preset.value]
+        if (self.dist.value, float(self.std.value)) != (pr.dist.value, float(pr.scale)):
+            with self.hold():
+                self.preset.value = ""
 
     def _prepared(self, case: DecodeCase) -> Prepared:
         if case not in self._prep:
@@ -177,7 +214,8 @@ class AccuracyPanel:
                 get_q_scheme(n, fmt)  # validate names before the heavy work
             for n in kvs:
                 get_kv_scheme(n, fmt)
-            rt, at = self.tolerance.value
+            tol = self.tolerance.value
+            rt, at = (tol.rtol, tol.atol) if isinstance(tol, NamedCheck) else tol
             big = case.total_kv > PROGRESS_ABOVE_TOKENS
             self.progress.layout.visibility = "visible" if big else "hidden"
             self.progress.max, self.progress.value = len(kvs), 0
@@ -189,14 +227,16 @@ class AccuracyPanel:
             df = pd.DataFrame([{k: v for k, v in r.items() if k != "_err"} for r in recs])
             self.records = df
             chosen = df[df.q_scheme == get_q_scheme(q_sel, fmt).name]
-            cols = [c for c in TABLE_COLUMNS if c in df] + [
-                mismatch_key(rt, at),
-                mismatch_key(rt, at, "zeros_"),
-                mismatch_key(rt, at, "meanv_"),
-            ]
-            self.table.value = metrics_table_html(
-                chosen, cols, title=f"Q scheme {q_sel}, mismatch at rtol={rt:g}, atol={at:g}"
-            )
+            if isinstance(tol, NamedCheck):
+                extra = [check_key(tol, "mismatch"), check_key(tol, "passes")] + [
+                    check_key(tol, "passes", b) for b in ("zeros_", "meanv_", "halfkv_")
+                ]
+                what = tol.describe()
+            else:
+                extra = [mismatch_key(rt, at, b) for b in ("", "zeros_", "meanv_", "halfkv_")]
+                what = f"mismatch at rtol={rt:g}, atol={at:g}"
+            cols = [c for c in TABLE_COLUMNS if c in df] + extra
+            self.table.value = metrics_table_html(chosen, cols, title=f"Q scheme {q_sel}, {what}")
             _replace(self.heatmap, sqnr_heatmap(df))
             self.tie_note.value = q_tie_note(df, case)
             errs = {
@@ -206,12 +246,22 @@ class AccuracyPanel:
             }
             _replace(self.errors, error_histogram(errs, relative_to=float(chosen.iloc[0]["ref_rms"])))
             self._values(p, q_sel, kvs, fmt)
-            zeros = float(chosen.iloc[0][mismatch_key(rt, at, "zeros_")])
+            first = chosen.iloc[0]
+            if isinstance(tol, NamedCheck):
+                zeros_pass, cheat_pass = (
+                    bool(first[check_key(tol, "passes", "zeros_")]),
+                    bool(first[check_key(tol, "passes", "halfkv_")]),
+                )
+            else:
+                zeros_pass = float(first[mismatch_key(rt, at, "zeros_")]) == 0
+                cheat_pass = float(first[mismatch_key(rt, at, "halfkv_")]) == 0
             warn = (
                 " <b>An all-zeros output passes this tolerance: it cannot see errors at this input scale.</b>"
-                if zeros == 0
+                if zeros_pass
                 else ""
             )
+            if cheat_pass:
+                warn += " <b>The half-KV cheat (every other KV page) passes it too.</b>"
             self.message.value = (
                 f"{case.short_str()}: reference RMS {float(chosen.iloc[0]['ref_rms']):.3g}, "
                 f"max |o| {float(chosen.iloc[0]['ref_max_abs']):.3g}.{warn}"
@@ -291,9 +341,17 @@ def accuracy_panel(
         value=0.1, min=1e-6, max=1e6, description="static amax (|x| units)", style=style, layout=lay
     )
     tol = W.Dropdown(
-        options=[(f"rtol {r:g}, atol {a:g}", (r, a)) for r, a in DEFAULT_TOLERANCES],
+        options=[(f"rtol {r:g}, atol {a:g}", (r, a)) for r, a in DEFAULT_TOLERANCES]
+        + [(f"{c.name} check", c) for c in CHECKS.values()],
         value=DEFAULT_TOLERANCES[0],
         description="tolerance",
+        style=style,
+        layout=lay,
+    )
+    pre = W.Dropdown(
+        options=[("custom inputs", ""), *[(name, name) for name in PRESETS]],
+        value="",
+        description="competition preset",
         style=style,
         layout=lay,
     )
@@ -308,7 +366,9 @@ def accuracy_panel(
         tooltip="switch the input distribution and std to where quantizing q changes the output visibly",
     )
     figs = [go.FigureWidget() for _ in range(4)]
-    controls = W.HBox([W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol])], layout=W.Layout(flex_flow="row wrap"))
+    controls = W.HBox(
+        [W.VBox([b, L, ql, d, sd]), W.VBox([f, q, kv, amax, tol, pre])], layout=W.Layout(flex_flow="row wrap")
+    )
     # one column: every figure gets the notebook's full width (nothing clipped at 1280 px)
     shown: dict[str, AccuracyPanel] = {}
     exp = export_bar(
@@ -318,11 +378,14 @@ def accuracy_panel(
     )
     box = W.VBox([controls, prog, msg, busy.widget, table, figs[0], note, sep, *figs[1:], exp.box])
     panel = AccuracyPanel(
-        b, L, ql, d, sd, f, q, kv, amax, tol, msg, busy.widget, prog, table, note, sep, *figs, box, busy, exp
+        b, L, ql, d, sd, f, q, kv, amax, tol, pre, msg, busy.widget, prog, table, note, sep, *figs, box, busy, exp
     )
     shown["panel"] = panel
+    for w in (d, sd):
+        w.observe(panel._inputs_changed, names="value")  # before the update: a changed input ends the preset
     for w in (b, L, ql, d, sd, f, q, kv, amax, tol):
         w.observe(panel.update, names="value")
+    pre.observe(panel.apply_preset, names="value")
 
     def separate(_: object) -> None:
         with panel.hold():

@@ -63,6 +63,7 @@ MOVES: dict[str, tuple[Move, ...]] = {
     "02_": (Move("slider", key="ArrowLeft"), Move("dropdown", index=4)),  # batch 4 -> 3, then the fp8 flavour
     "03_": (Move("slider", key="ArrowRight"),),  # batch: the plan and its work map change
     "04_": (Move("dropdown", index=0), Move("dropdown", index=3, option=0)),  # precision; the oldest run (file)
+    "05_": (Move("dropdown", index=2), Move("dropdown", index=1)),  # accuracy axis; shape (4 x 1024 -> 4 x 8192)
 }
 
 # Layout of every output area of the visible notebook: elements wider than their box that do not scroll
