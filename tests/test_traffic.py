@@ -46,3 +46,20 @@ def test_decode_traffic_by_hand() -> None:
     assert (b.kv_bytes, b.q_bytes, b.out_bytes) == (64 * 1152, 16 * 576 * 2, 16 * 512 * 2)
     with pytest.raises(ValueError, match="q_bytes_per_elem must be positive"):
         decode_traffic(DecodeCase(kv_lens=(64,)), "bf16", 0.0)
+
+
+def test_bandwidth_floor_by_hand() -> None:
+    """floor = total bytes / bandwidth: 1 MB at 4 TB/s is 0.25 µs; a target's own bandwidth when none is given; a
+    bandwidth that is not positive is refused."""
+    from mlalab.config import get_target
+
+    t = decode_traffic(DecodeCase(kv_lens=(64,)), "fp8", 1.0)
+    assert t.floor_us("h200", tbps=4.0) == pytest.approx(t.total_bytes / 4e12 * 1e6, rel=1e-15)
+    one_mb = type(t)(1e6, 0.0, 0.0, 0.0)
+    assert one_mb.floor_us("h200", tbps=4.0) == pytest.approx(0.25, rel=1e-15)
+    bw = get_target("h200").bandwidth_tbps
+    assert one_mb.floor_us("h200") == pytest.approx(1e6 / (bw * 1e12) * 1e6, rel=1e-15)
+    assert one_mb.intensity == 0.0 and t.intensity == pytest.approx(t.flops / t.total_bytes)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="has no known bandwidth; pass tbps="):
+            one_mb.floor_us("h200", tbps=bad)
