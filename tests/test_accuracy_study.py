@@ -307,3 +307,19 @@ def test_gpu_evaluation_equals_the_cpu() -> None:
     res = device_agreement(cases, qs, kvs, ["e4m3fn", "e4m3fnuz"], device="cuda")
     assert res.agree.all() and res.max_rel_diff.max() <= AGREEMENT_RTOL, res
     assert torch.cuda.is_available()
+
+
+def test_two_sweeps_never_write_one_output_at_once(tmp_path) -> None:
+    """A second sweep into an output another sweep is writing stops before any work with a clear message; once the
+    first is done (or its process is gone: the OS drops the lock) the output is free again."""
+    from mlalab.accuracy import OutputBusyError, ResultStore
+    from mlalab.accuracy.grid import Grid
+    from mlalab.config import DecodeCase
+
+    out = tmp_path / "s.csv"
+    grid = Grid([DecodeCase(kv_lens=(16,))], ("bf16",), ("bf16",), ("e4m3fn",), ((2e-2, 8e-3),))
+    first = ResultStore(out, grid)
+    with pytest.raises(OutputBusyError, match="another sweep is writing .*s.csv"):
+        ResultStore(out, grid)
+    first.close()
+    ResultStore(out, grid).close()  # free again

@@ -33,6 +33,7 @@ from .metrics import (
 from .presets import PRESETS, CompetitionPreset, get_preset
 from .store import (
     ForeignOutputError,
+    OutputBusyError,
     ResultStore,
     check_output_path,
     read_table,
@@ -56,6 +57,7 @@ __all__ = [
     "COMPETITION_SHAPES",
     "DEFAULT_TOLERANCES",
     "ForeignOutputError",
+    "OutputBusyError",
     "Grid",
     "GridRow",
     "Prepared",

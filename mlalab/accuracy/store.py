@@ -41,6 +41,10 @@ class ForeignOutputError(ValueError):
     """The output file holds rows of another grid or another mlalab version (or is no sweep table at all)."""
 
 
+class OutputBusyError(RuntimeError):
+    """Another sweep is writing the same output file right now."""
+
+
 def check_output_path(path: str | os.PathLike[str]) -> Path:
     """`path` as a Path, refused unless it ends in .csv or .parquet (Parquet only where pyarrow imports) and its
     folder can hold it. Cheap: meant to run before any work."""
@@ -136,6 +140,7 @@ class ResultStore:
         self.path = check_output_path(path)
         self.grid = grid
         self.parts = self.path.with_name(self.path.name + ".parts")
+        self._lock = _exclusive_lock(self.path.with_name(self.path.name + ".lock"), self.path)
         if overwrite:
             self.path.unlink(missing_ok=True)
             shutil.rmtree(self.parts, ignore_errors=True)
@@ -200,3 +205,26 @@ class ResultStore:
         out = save_table(df, self.path)
         shutil.rmtree(self.parts, ignore_errors=True)
         return out
+
+    def close(self) -> None:
+        """Let another sweep write this output (the lock also goes with the process, killed or not)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+def _exclusive_lock(lock_path: Path, out: Path) -> Any:
+    """An open file holding an exclusive advisory lock (flock) for `out`, so that two sweeps never append to one
+    output at once; None where flock does not exist (Windows). The OS drops the lock when the process ends."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    f = open(lock_path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise OutputBusyError(f"another sweep is writing {out} (it holds {lock_path}); wait for it to finish, or "
+                              "write to another output file") from None  # fmt: skip
+    return f

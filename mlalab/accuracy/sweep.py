@@ -123,8 +123,10 @@ def sweep(
         df = df.drop_duplicates("row_key", keep="last")
         df = df.assign(_order=[grid.index(k) for k in df.row_key]).sort_values("_order")
         df = df.drop(columns=["_ok", "_pos", "_order"]).reset_index(drop=True)
-    if store is not None and new:
-        store.finish(df)
+    if store is not None:
+        if new:
+            store.finish(df)
+        store.close()
     left = len(grid) - int((df.error == "").sum()) if len(df) else len(grid)
     if left:
         say(f"{left} rows not done yet (failed or not reached): run the same command again to compute them")
