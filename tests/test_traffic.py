@@ -57,6 +57,7 @@ def test_bandwidth_floor_by_hand() -> None:
     assert t.floor_us("h200", tbps=4.0) == pytest.approx(t.total_bytes / 4e12 * 1e6, rel=1e-15)
     one_mb = type(t)(1e6, 0.0, 0.0, 0.0)
     assert one_mb.floor_us("h200", tbps=4.0) == pytest.approx(0.25, rel=1e-15)
+    assert one_mb.floor_us("h200", tbps=0.5) == pytest.approx(2.0, rel=1e-15)  # a slow part: below 1 TB/s is fine
     bw = get_target("h200").bandwidth_tbps
     assert one_mb.floor_us("h200") == pytest.approx(1e6 / (bw * 1e12) * 1e6, rel=1e-15)
     assert one_mb.intensity == 0.0 and t.intensity == pytest.approx(t.flops / t.total_bytes)
