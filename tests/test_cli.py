@@ -87,6 +87,10 @@ def test_malformed_lists_are_refused_not_repaired(capsys) -> None:
                            ("sweep", "--kv-len", "1024,,8192"), ("bench", "--q-lens", "1,,2")):  # fmt: skip
         err = _main_error(capsys, cmd, flag, bad)
         assert flag in err and ("empty item" in err or "integers" in err), (cmd, err)
+    from mlalab.__main__ import main
+
+    assert main(["explore", "--mixes", "uniform,,bimodal"]) != 0
+    assert "mix list: empty item" in capsys.readouterr().err
 
 
 def test_a_misspelt_decode_option_names_the_call_and_its_options(capsys) -> None:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..io import atomic_write
 from ..plan.explore import MIXES, POLICIES, CostModel, explore
-from ._common import print_json
+from ._common import parse_csv_items, print_json
 
 NAME = "explore"
 HELP = "ragged-batch split explorer: mixes x policies, modelled makespan, idle CUs, partial bytes, regret vs oracle"
@@ -18,10 +18,13 @@ ORDER = 32
 
 
 def _names(text: str, valid: dict, what: str) -> list[str]:
-    names = [t for t in text.split(",") if t]
+    try:
+        names = list(parse_csv_items(text))
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"{what} list: {e}") from None
     bad = [n for n in names if n not in valid]
-    if bad or not names:
-        raise ValueError(f"unknown {what} {bad or text!r}; valid: {', '.join(valid)}")
+    if bad:
+        raise ValueError(f"unknown {what} {bad}; valid: {', '.join(valid)}")
     return names
 
 
