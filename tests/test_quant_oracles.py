@@ -269,3 +269,19 @@ def test_bytes_per_token_of_every_scheme_hand_computed() -> None:
         assert get_q_scheme(n).bytes_per_token == b, n
     for n, b in kv.items():
         assert get_kv_scheme(n).bytes_per_token == b, n
+
+
+def test_mx_even_rule_at_the_exact_rounding_edge() -> None:
+    """The even rule rounds amax up to the next power of two iff its mantissa is >= 1.75 (add 0x200000 to the fp32
+    bits): 1.75 * 2^k goes up, the fp32 value just below it does not. Exponents by hand: e = log2(rounded) - 2."""
+    import torch
+
+    from mlalab.quant.mx import mx_scale_exponent
+
+    below = torch.nextafter(torch.tensor(1.75), torch.tensor(0.0))
+    amax = torch.stack([torch.tensor(1.75), below, torch.tensor(7.0), torch.nextafter(torch.tensor(7.0),
+                        torch.tensor(0.0)), torch.tensor(1.0), torch.tensor(0.0)]).float()  # fmt: skip
+    assert mx_scale_exponent(amax, "even").tolist() == [-1, -2, 1, 0, -2, -127]
+    for bad in (torch.tensor([-1.0]), torch.tensor([float("inf")]), torch.tensor([float("nan")])):
+        with pytest.raises(ValueError, match="amax must be non-negative and finite"):
+            mx_scale_exponent(bad, "even")
