@@ -201,10 +201,8 @@ def _quantize_fp4_kernel(X, CODES, SCALES, GSCALE, stride_x, NB: tl.constexpr, N
              mask=live[:, None])  # fmt: skip
 
 
-def quantize_kv_fp4(kv: torch.Tensor, recipe: str = "mxfp4-aiter") -> Fp4Cache:
-    """Quantise KV rows ``(rows, 576)`` (bf16 or fp32, finite; on the GPU, or on the CPU under
-    ``TRITON_INTERPRET=1``) to `recipe` (`FP4_RECIPES`) with the Triton kernel: bit for bit `mlalab.quant.mx`'s
-    ``mxfp4_quantize`` / ``nvfp4_quantize`` of the same rows."""
+def _check_rows(kv: torch.Tensor, recipe: str) -> None:
+    """What both quantisers need: a known recipe and finite bf16 / fp32 rows of 576 values."""
     if recipe not in FP4_RECIPES:
         raise ValueError(f"recipe must be one of {', '.join(FP4_RECIPES)}, got {recipe!r}")
     check_tensor("kv", kv, ndim=2, dtypes=(torch.bfloat16, torch.float32))
@@ -212,6 +210,13 @@ def quantize_kv_fp4(kv: torch.Tensor, recipe: str = "mxfp4-aiter") -> Fp4Cache:
         raise ValueError(f"kv must have {_DIM} values per row (rows, 576), got {kv.shape[1]}")
     if kv.numel() and not bool(torch.isfinite(kv).all()):
         raise ValueError("kv contains non-finite values; block scales would be undefined")
+
+
+def quantize_kv_fp4(kv: torch.Tensor, recipe: str = "mxfp4-aiter") -> Fp4Cache:
+    """Quantise KV rows ``(rows, 576)`` (bf16 or fp32, finite; on the GPU, or on the CPU under
+    ``TRITON_INTERPRET=1``) to `recipe` (`FP4_RECIPES`) with the Triton kernel: bit for bit `mlalab.quant.mx`'s
+    ``mxfp4_quantize`` / ``nvfp4_quantize`` of the same rows."""
+    _check_rows(kv, recipe)
     kv = kv.contiguous()
     nvfp4 = recipe == "nvfp4"
     block = NVFP4_BLOCK if nvfp4 else MX_BLOCK
@@ -243,11 +248,7 @@ def to_fp4_cache(kv: torch.Tensor, recipe: str = "mxfp4-aiter") -> Fp4Cache:
 
     if kv.device.type != "cpu" or os.environ.get("TRITON_INTERPRET") == "1":
         return quantize_kv_fp4(kv, recipe)
-    if recipe not in FP4_RECIPES:
-        raise ValueError(f"recipe must be one of {', '.join(FP4_RECIPES)}, got {recipe!r}")
-    check_tensor("kv", kv, ndim=2, dtypes=(torch.bfloat16, torch.float32))
-    if kv.shape[1] != _DIM:
-        raise ValueError(f"kv must have {_DIM} values per row (rows, 576), got {kv.shape[1]}")
+    _check_rows(kv, recipe)
     if recipe == "nvfp4":
         return Fp4Cache(*nvfp4_quantize(kv), recipe)
     codes, scales = mxfp4_quantize(kv, *MXFP4_RECIPES[recipe])
