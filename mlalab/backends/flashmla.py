@@ -43,8 +43,7 @@ def make_callable(
         raise ValueError("flashmla's fp8 kernel is e4m3fn only")
     lens = inputs.kv_lens
     q_lens = inputs.qo_indptr.diff()
-    contiguous = inputs.page_size == 1 and not inputs.case.permute_pages
-    if not (contiguous or inputs.page_size == 64) or len(set(lens.tolist())) != 1 or int(lens[0]) % 64 or (
+    if inputs.page_size not in (1, 64) or len(set(lens.tolist())) != 1 or int(lens[0]) % 64 or (
             len(set(q_lens.tolist())) != 1):  # fmt: skip
         raise ValueError("flashmla peer here: page size 64 (any page table) or a contiguous page-size-1 cache, equal "
                          "lengths that are multiples of 64, the same q_len for every request")  # fmt: skip
@@ -55,6 +54,10 @@ def make_callable(
 
     B, L, s_q = inputs.batch, int(lens[0]), int(q_lens[0])
     prep = prepare(inputs, precision, fp8_format)
+    contiguous = inputs.page_size == 1 and prep.contiguous  # (prepare checks the table once: identity or not)
+    if inputs.page_size == 1 and not contiguous:
+        raise ValueError("flashmla peer here: a page-size-1 cache must be contiguous (identity kv_indices); "
+                         "FlashMLA reads 64-token pages")  # fmt: skip
     q = prep.q.view(B, s_q, MLA.num_heads, MLA.qk_dim)
     kv = prep.kv.view(-1, 64, 1, MLA.qk_dim)
     copies = [kv] + [kv.clone() for _ in range(max(0, n_copies - 1))]
