@@ -289,6 +289,13 @@ def _stage1_kernel(
                 # its P buffer are free. (Waiting for it only after issuing QK, with a partial wait_group, makes
                 # ptxas serialise every wgmma of the kernel; waiting for both after the V load spills.)
                 o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
+                if MASK_TAIL:  # noqa: SIM102
+                    if kv_end - start < BLOCK_N:  # a work's last tile of a paged cache: zero V's tail rows in shared
+                        # memory (NaN-safe PV) before QK and the V load read the tile; a masked select on the V
+                        # operand's registers instead made the whole loop spill
+                        _zero_tail_rows(kn, kv_end - start, BLOCK_N, D_NOPE)
+                        fence_async_shared()
+                        _cta_barrier()
             # QK on the tensor cores, asynchronously ...
             if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
                 s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
@@ -301,7 +308,7 @@ def _stage1_kernel(
                     s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
             # ... while the CUDA cores load this tile's V into the PV's A-operand registers (fp8 path)
             if V_IN_REGS:
-                v_op = _pv_operand(kn, start, kv_end, DOT_A, MASK_TAIL, REPORT, BLOCK_N)
+                v_op = _pv_operand(kn, DOT_A, REPORT)
                 s_acc = warpgroup_mma_wait(0, deps=(s_tok,))
             elif KV_CONVERT:  # (PV(it-1) completed before the conversion)
                 s_acc = warpgroup_mma_wait(0, deps=(s_tok,))

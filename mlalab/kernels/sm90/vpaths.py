@@ -9,9 +9,10 @@ the operand types (`stage1._stage1_kernel`):
   rows and tokens are relabelled (`_V_REGS`, `_pv_operand`): the operand is built by byte permutes inside each
   thread's registers, no Vᵀ is ever stored. Row m of Oᵀ then holds value dim π(m) and column k of Vᵀ/Pᵀ token σ(k)
   (bit permutations chosen for the conflict-free loads); Pᵀ takes the same σ (`_p_operand`), the epilogue undoes π.
-* **bf16 q, bf16 KV: Vᵀ read straight from the K tile** (wgmma transposes 16-bit operands). A paged cache's unused
-  slots may hold anything, NaN included, and 0 · NaN = NaN: a work's partial last tile gets its tail rows zeroed in
-  shared memory first (`_zero_tail_rows`).
+* **bf16 q, bf16 KV: Vᵀ read straight from the K tile** (wgmma transposes 16-bit operands).
+
+On both, a paged cache's unused slots may hold anything, NaN included, and 0 · NaN = NaN: a work's partial last tile
+gets its tail rows zeroed in shared memory first (`_zero_tail_rows`).
 * **bf16 q, fp8 KV (a16w8): each fp8 ring tile converted into one bf16 tile** by the CUDA cores (`_convert_tile`,
   exact), which the QK and the PV then read as on the bf16 path.
 """
@@ -47,20 +48,15 @@ P_TO_OPERAND = gl.constexpr(((4, 4), (0, 2, 1, 3)))
 
 
 @gluon.jit
-def _pv_operand(kn, start, kv_end, DOT_A: gl.constexpr, MASK_TAIL: gl.constexpr, REPORT: gl.constexpr,
-                BLOCK_N: gl.constexpr):  # fmt: skip
+def _pv_operand(kn, DOT_A: gl.constexpr, REPORT: gl.constexpr):
     """Vᵀ of the fp8 tile in `kn` as the register A operand of the PV wgmma: (512 rows m, 64 tokens k).
 
     Loaded in `_V_REGS`, then relabelled: row m holds value dim ``d = π(m)`` and column k token ``t = σ(k)``, with
-    ``π: m0..m8 -> d6 d4 d5 d0 d7 d8 d1 d2 d3`` and ``σ`` swapping token bits (0, 1) with (2, 3). ``MASK_TAIL``
-    (paged caches): tokens past the work's end are zeroed, since a page's unused slots may hold anything and 0 · NaN
-    would poison Oᵀ."""
+    ``π: m0..m8 -> d6 d4 d5 d0 d7 d8 d1 d2 d3`` and ``σ`` swapping token bits (0, 1) with (2, 3). A paged cache's
+    tail rows are already zeroed in shared memory (`_zero_tail_rows`)."""
     v = kn.load(_V_REGS)
     if REPORT:  # compile-time count for `build` (printed by the compiler, not at run time)
         gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
-    if MASK_TAIL and start + BLOCK_N > kv_end:
-        offs_t = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _V_REGS))
-        v = gl.where(((start + offs_t) < kv_end)[:, None], v, gl.zeros_like(v))
     # t = (X = t5 t4, Y = t3 t2, Z = t1 t0), d = (A = d8 d7, B = d6, C = d5 d4, D = d3 d2 d1, E = d0);
     # m = (D, A, E, C, B) and k = (X, Z, Y), most significant first
     v = v.reshape(V_TO_OPERAND_64[0]).permute(V_TO_OPERAND_64[1]).reshape([512, 64])
@@ -77,8 +73,8 @@ def _p_operand(p, fp8: gl.constexpr, NQ: gl.constexpr, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _zero_tail_rows(kn, n_valid, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr):
-    """Zero rows `n_valid` .. of a 16-bit K tile's value dims in shared memory (the PV reads V straight from the tile,
-    and a paged cache's unused slots may hold anything, NaN included: 0 · NaN = NaN). 64 columns at a time (one
+    """Zero rows `n_valid` .. of a K tile's value dims in shared memory, before the PV reads V from the tile (a paged
+    cache's unused slots may hold anything, NaN included: 0 · NaN = NaN). 64 columns at a time (one
     128-byte swizzle span), 32 values per thread."""
     L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L))
