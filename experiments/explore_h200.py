@@ -7,8 +7,8 @@ the plan is built for this GPU's SM count, run once and checked against the fp64
 (rel-L2 recorded; a plan whose output is off by more than 5e-3 is flagged in the log), then timed as `python -m
 mlalab bench` times (CUDA-graph replays of 20 calls over KV copies rotated past the L2). One row per (batch,
 policy): the model's metrics beside the measured µs, with device, versions, date and commit in every row.
-Written atomically to ``data/explore/h200_<date>_explore.csv`` (or ``--out``); the notebook 03 panel and
-`mlalab.widgets.splitkv.model_vs_measured` read it.
+Written atomically after every batch to ``data/explore/<gpu>_<date>_explore.csv`` (or ``--out``); the notebook 03
+panel and `mlalab.widgets.splitkv.model_vs_measured` read it.
 
     python experiments/explore_h200.py                       # 6 mixes x 1 seed x 8 policies, a8w8
     python experiments/explore_h200.py --seeds 2 --policies aiter-fast,balanced,simple,flashmla,oracle
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,7 +68,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="batches per mix (default %(default)s)")
     ap.add_argument("--precision", default="a8w8", choices=("a8w8", "bf16"))
     ap.add_argument("--overhead", type=int, default=64, help="cost model: tokens per work (default %(default)s)")
-    ap.add_argument("--out", default=None, help="default data/explore/h200_<date>_explore.csv")
+    ap.add_argument("--out", default=None, help="default data/explore/<gpu>_<date>_explore.csv")
     a = ap.parse_args()
     mixes, policies = names(a.mixes, MIXES, "mix"), names(a.policies, POLICIES, "policy")
     if a.seeds < 1:
@@ -79,7 +80,9 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     model = CostModel(overhead=a.overhead)
     prov = {**provenance(), "commit": commit()}
-    out = Path(a.out) if a.out else ROOT / "data" / "explore" / f"h200_{datetime.date.today().isoformat()}_explore.csv"
+    found = re.search(r"[A-Z]\d{3}", torch.cuda.get_device_name())  # H100, H200, ...
+    tag = found.group(0).lower() if found else "gpu"
+    out = Path(a.out) if a.out else ROOT / "data" / "explore" / f"{tag}_{datetime.date.today().isoformat()}_explore.csv"
     rows, t0 = [], time.time()
     for mix in mixes:
         for seed in range(a.seeds):
@@ -114,7 +117,7 @@ def main() -> None:
                 rows.append({**row, **prov})
                 torch.cuda.empty_cache()
             del x
-    write_rows_csv(out, rows)
+            write_rows_csv(out, rows)  # atomically, after every batch: a run cut short keeps what it measured
     print(f"wrote {out} ({len(rows)} rows) in {time.time() - t0:.0f} s; add a row to data/INDEX.csv", file=sys.stderr)
 
 
