@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 
 import pytest
 import torch
@@ -146,3 +147,67 @@ def test_simple_growth_rule_matches_its_definition() -> None:
         assert p.params["chunk"] == want, (lens, n, blk)
         grew += want > _start_chunk(lens, n, blk)
     assert grew >= 5, "the random cases must exercise the growth"
+
+
+# ------------------------------------------------------------------------------------------ malformed metadata
+def _t(rows: list) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+# what to replace in `_base()`'s tensors / arguments -> the one structure finding it must give (a dump from another
+# tool can be any shape: the doctor must name it, not crash on it)
+MALFORMED = {
+    "work_info 7 wide": ({"work_info": "drop last column"}, r"work_info must be \(n, 8\), got \(6, 7\)"),
+    "work_indptr past work_info": ({"work_indptr": [0, 1, 2, 4, 7]}, r"work_indptr\[-1\] = 7 but work_info has only 6"),
+    "reduce_indptr past the partial map": ({"reduce_indptr": [0, 3, 5, 6]},
+                                           r"reduce_indptr\[-1\] = 6 > reduce_partial_map size 5"),
+    "reduce_final_map odd": ({"reduce_final_map": [0, 2, 2, 4, 4]}, r"reduce_final_map must hold \(start, end\) for "
+                                                                    r"each of the 3 reduce tiles"),
+    "reduce_final_map short": ({"reduce_final_map": [[0, 2], [2, 4]]}, r"reduce_final_map must hold .* 3 reduce"),
+    "kv_lens short": ({"kv_lens": [256, 100]}, r"kv_lens has 2 entries for 3 requests"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_check_metadata_names_malformed_structure(name: str) -> None:
+    p, qo, kv = _base()
+    t = p.tensors()
+    kw: dict = {"n_partial_rows": p.n_partial_rows, "kv_lens": list(p.kv_lens)}
+    assert check_metadata(*t.values(), qo, kv, **kw) == []
+    assert check_metadata(*t.values(), qo, kv) == []  # kv_lens and the buffer size are optional
+    change, message = MALFORMED[name]
+    for key, v in change.items():
+        if key == "kv_lens":
+            kw[key] = v
+        elif v == "drop last column":
+            t[key] = t[key][:, :7]
+        else:
+            t[key] = _t(v)
+    found = check_metadata(*t.values(), qo, kv, **kw)
+    assert [f.kind for f in found] == ["structure"], found
+    assert re.search(message, found[0].message), found[0].message
+
+
+def test_validate_names_a_work_reaching_into_the_next_request() -> None:
+    """Work 2 (request 0, [224, 256)) made to end at 260, inside request 1's KV: only its kv_range finding says so
+    (coverage is clipped to the request, and no kv_offset is checked outside it)."""
+    p, qo, kv = _base()
+    bad = _corrupt(p, {(2, 5): 260})
+    found = check_metadata(*bad.tensors().values(), qo, kv, n_partial_rows=p.n_partial_rows, kv_lens=p.kv_lens)
+    hits = [f for f in found if f.kind == "kv_range"]
+    assert len(hits) == 1 and (hits[0].work, hits[0].first, hits[0].count) == (2, 224, 36), found
+    assert "kv [224, 260) reaches beyond request 0's KV [0, 256)" in hits[0].message
+    # and a start before the request's first position
+    bad = _corrupt(p, {(3, 4): 250})
+    hits = [f for f in check_metadata(*bad.tensors().values(), qo, kv) if f.kind == "kv_range"]
+    assert len(hits) == 1 and (hits[0].work, hits[0].first, hits[0].count) == (3, 250, 86), hits
+
+
+def test_partial_overlap_names_the_first_writer_of_the_row() -> None:
+    """Works 0 and 1 both write rows [0, 2), work 2 rows [1, 3): two overlaps, each naming the first work (in row
+    order, then work index) that wrote the row: "works 0 and 1" (row 0) and "works 0 and 2" (row 1)."""
+    p, qo, kv = _base()
+    bad = _corrupt(p, {(1, 1): 0, (2, 1): 1})
+    found = [f for f in check_metadata(*bad.tensors().values(), qo, kv) if f.kind == "partial_overlap"]
+    assert [(f.message.split(" write")[0], f.first, f.count) for f in found] == [
+        ("works 0 and 1", 0, 2), ("works 0 and 2", 1, 1)]  # fmt: skip
