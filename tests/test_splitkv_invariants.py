@@ -211,3 +211,83 @@ def test_partial_overlap_names_the_first_writer_of_the_row() -> None:
     found = [f for f in check_metadata(*bad.tensors().values(), qo, kv) if f.kind == "partial_overlap"]
     assert [(f.message.split(" write")[0], f.first, f.count) for f in found] == [
         ("works 0 and 1", 0, 2), ("works 0 and 2", 1, 1)]  # fmt: skip
+
+
+def test_short_q_rows_summary_counts_only_the_works_missing_rows() -> None:
+    """Request 1's two works compute row 2 of its rows [2, 4) (metadata for q_len 1), and work 5 computes rows [0, 2),
+    outside request 2's [4, 6): the summary names q_len 1 vs 2 and counts the 2 short works, not the misplaced one."""
+    p, qo, kv = _base()
+    bad = _corrupt(p, {(3, 3): 3, (4, 3): 3, (5, 2): 0, (5, 3): 2})
+    found = [f for f in check_metadata(*bad.tensors().values(), qo, kv) if f.kind == "q_rows"]
+    assert found[0].message == (
+        "metadata for q_len 1 used with q_len 2: 2 works compute 1 of their request's 2 q rows, the others are never "
+        "computed"
+    )
+    assert [(f.work, "missing" in f.message) for f in found[1:]] == [(3, True), (4, True), (5, False)]
+    assert found[1].message == (
+        "work 3: computes q rows [2, 3) but request 1 has rows [2, 4): 1 q row(s) missing (metadata for q_len 1 used "
+        "with q_len 2?)"
+    )
+
+
+def test_reduce_reading_an_unwritten_partial_row_is_named() -> None:
+    """A 12-row buffer, request 1's reduce tile reading row 10 (inside the buffer, written by no work) instead of 6."""
+    p, qo, kv = _base()
+    bad = _corrupt(p, {}, {3: 10})
+    found = check_metadata(*bad.tensors().values(), qo, kv, n_partial_rows=12)
+    stale = [f.message for f in found if f.kind == "partial_range"]
+    assert stale == ["reduce tile 1: reads partial rows [10] that no work writes (a stale or freed partial-offset "
+                     "table?)"], found  # fmt: skip
+    # row 0 unwritten (work 0 moved to row 10) but still read by request 0's tile
+    found = check_metadata(*_corrupt(p, {(0, 1): 10}).tensors().values(), qo, kv, n_partial_rows=12)
+    assert [f.message for f in found if f.kind == "partial_range"] == [
+        "reduce tile 0: reads partial rows [0] that no work writes (a stale or freed partial-offset table?)"
+    ]
+    # out of range: exactly the buffer's size, and below -1
+    for row in (12, -2):
+        found = check_metadata(*_corrupt(p, {}, {3: row}).tensors().values(), qo, kv, n_partial_rows=12)
+        assert [f.message for f in found if f.kind == "partial_range"] == [
+            f"reduce tile 1: partial rows [{row}] out of range (the buffer has 12 rows): a stale or freed "
+            "partial-offset table?"], found  # fmt: skip
+
+
+def test_plan_for_an_empty_request_reused_with_kv_is_named() -> None:
+    """A plan made for [0, 100, 64] (request 0: one empty work) used with [40, 100, 64]: request 0 is the first that
+    differs (its work covers 0 of its 40 positions)."""
+    qo, kv_old = indptrs_for([0, 100, 64])
+    p = make_plan("balanced", qo, kv_old, 4, overhead=0).validate(qo, kv_old)
+    _, kv = indptrs_for([40, 100, 64])
+    top = check_metadata(*p.tensors().values(), qo, kv)[0]
+    assert top.kind == "other_lengths" and (top.request, top.count) == (0, 3), top
+    assert "request 0 has 40 KV positions but its works cover 0 (3 of 3 requests differ)" in top.message
+    # the first request that differs is not the first one: [64, 50, 100] used with [64, 200, 100]
+    qo, kv_old = indptrs_for([64, 50, 100])
+    p = make_plan("balanced", qo, kv_old, 4, overhead=0).validate(qo, kv_old)
+    top = check_metadata(*p.tensors().values(), qo, indptrs_for([64, 200, 100])[1])[0]
+    assert top.kind == "other_lengths" and (top.request, top.count) == (1, 2), top
+    assert "request 1 has 200 KV positions but its works cover 50 (2 of 3 requests differ)" in top.message
+
+
+def test_coverage_findings_give_first_position_and_count() -> None:
+    p, qo, kv = _base()
+    cases = {
+        "gap": ({(1, 5): 208, (1, 6): 48}, "uncovered", 208, 16),
+        "kv_overlap": ({(2, 4): 208}, "covered_twice", 208, 16),
+        "works stop early": ({(2, 5): 240}, "uncovered", 240, 16),
+        "request without a work": ({(5, 0): 1, (5, 2): 2, (5, 3): 4}, "uncovered", 356, 64),
+    }
+    for name, (edits, kind, first, count) in cases.items():
+        found = [f for f in check_metadata(*_corrupt(p, edits).tensors().values(), qo, kv) if f.kind == kind]
+        assert [(f.first, f.count) for f in found] == [(first, count)], (name, found)
+    # an empty work inside a request with KV is a kv_range finding, never a 0-position double cover
+    found = check_metadata(*_corrupt(p, {(1, 4): 100, (1, 5): 100}).tensors().values(), qo, kv)
+    assert "covered_twice" not in {f.kind for f in found} and "kv_range" in {f.kind for f in found}, found
+
+
+def test_partial_qo_loc_below_minus_one_is_a_field_finding() -> None:
+    p, qo, kv = _base()
+    found = check_metadata(*_corrupt(p, {(5, 1): -2}).tensors().values(), qo, kv)
+    assert [(f.kind, f.message) for f in found] == [
+        ("field", "work 5: partial_qo_loc -2 < -1"),
+        ("split", "request 2 is not split but its work writes partial row -2 instead of the output"),
+    ], found
