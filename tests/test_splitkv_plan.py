@@ -115,6 +115,72 @@ def test_intra_batch_clamps_short_requests_and_merges_tiny_tail() -> None:
     assert frag_tokens(plan_for("aiter-intra-batch", [965], "mi300x"), 0) == [64] * 15 + [5]
 
 
+def test_intra_batch_rules_at_their_edges() -> None:
+    """Hand-computed: gfx950 splits = 980 // 196 = 5 (979: 4); the default cap of 32 splits binds at 7840 tokens
+    (7840 // 196 = 40): payload ceil(490 blocks / 32) = 16 blocks, so 30 works of 256 and one of 160; gfx942, 17
+    tokens = 2 blocks of 16 whose last chunk holds 1 token -> merged into one work of 17."""
+    assert intra_batch_splits(980, 1, 256, 32, "gfx950") == 5
+    assert intra_batch_splits(979, 1, 256, 32, "gfx950") == 4
+    p = plan_for("aiter-intra-batch", [7840], "mi355x")
+    assert p.params["max_split_per_batch"] == 32 and frag_tokens(p, 0) == [256] * 30 + [160]
+    assert frag_tokens(plan_for("aiter-intra-batch", [17], "mi300x"), 0) == [17]
+    assert frag_tokens(plan_for("aiter-intra-batch", [18, 20, 21], "mi300x"), 2) == [16, 5]
+
+
+def test_intra_batch_tail_rule_counts_tokens_of_pages() -> None:
+    """Pages of 16, granularity 1 page, gfx942 (16 splits): 31 pages whose last holds 3 tokens (483 tokens) are 15
+    chunks of 2 pages and a last of 1 page = 3 tokens: merged, so 14 works of 2 pages and one of 3."""
+    qo = torch.tensor([0, 1], dtype=torch.int32)
+    kv = torch.tensor([0, 31], dtype=torch.int32)
+    last = torch.tensor([3], dtype=torch.int32)
+    p = make_plan("aiter-intra-batch", qo, kv, "mi300x", page_size=16, kv_last_page_len=last, kv_granularity=1)
+    p.validate(qo, kv)
+    wi = p.work_info
+    assert (wi[:, 5] - wi[:, 4]).tolist() == [2] * 14 + [3]
+    assert wi[:, 6].tolist() == [483 - 32 * (i + 1) for i in range(14)] + [0]  # kv_offset: tokens after each work
+
+
+def test_intra_batch_deals_works_request_major() -> None:
+    """20 works on 256 CUs: work i (request-major, in KV order) on CU i, with partial row i."""
+    p = plan_for("aiter-intra-batch", [1024] * 4, "mi355x")
+    df = p.to_frame().sort_values(["batch_idx", "kv_start"])
+    assert df.cu.tolist() == list(range(20)) and df.partial_qo_loc.tolist() == list(range(20))
+
+
+def test_fast_mode_exact_fit_stays_on_the_cu_and_params() -> None:
+    """[256, 0, 0] on 2 CUs (granularity 16, OVH 16 blocks): payload = ceil((16 + 16 + 0 + 16 + 0 + 16) / 2) + 16 = 48
+    blocks; request 0 costs 32, request 1 (empty) exactly the 16 left (``remain >= rb + OVH``): both on CU 0,
+    request 2 on CU 1."""
+    p = plan_for("aiter-fast", [256, 0, 0], 2)
+    assert p.work_indptr.tolist() == [0, 2, 3]
+    assert p.params["payload_blocks"] == 48 and p.params["num_splits"] == 2
+    assert p.params["max_split_per_batch"] == -1  # aiter's "no cap"
+    assert plan_for("aiter-fast", [256, 0, 0], 2, max_split_per_batch=3).params["max_split_per_batch"] == 3
+
+
+def test_fast_mode_tail_rule_edges() -> None:
+    """Granularity 1 (OVH 16 tokens), 5 CUs, payload = ceil((35 + 16 + 100 + 16) / 5) + 16 = 50: the first cut
+    falls at 34. [35, 100] at q_len 2 would leave 1 token (< 2): request 0 stays whole, and request 1 (the next
+    one) is still planned: 34 + 34 + 32. [37, 100] at q_len 4 would leave 3 (< 4): the same, 37 in one work."""
+    for lens, q_len in (([35, 100], 2), ([37, 100], 4)):
+        qo, kv = indptrs_for(lens, q_len=q_len)
+        p = make_plan("aiter-fast", qo, kv, 5, kv_granularity=1, q_len=q_len).validate(qo, kv)
+        assert (frag_tokens(p, 0), frag_tokens(p, 1)) == ([lens[0]], [34, 34, 32]), (lens, p.to_frame())
+
+
+def test_fast_mode_tail_rule_counts_tokens_of_pages() -> None:
+    """Pages of 16, granularity 1 page (OVH 1 page), 2 CUs, q_len 4: requests of 10 pages (147 tokens, 3 in the
+    last page) and 6 full pages; payload = ceil((10 + 1 + 6 + 1) / 2) + 1 = 10 pages, so CU 0 would cut request 0
+    after 9 pages, leaving 3 tokens (< 4): it takes all 10 instead."""
+    qo = torch.tensor([0, 4, 8], dtype=torch.int32)
+    kv = torch.tensor([0, 10, 16], dtype=torch.int32)
+    last = torch.tensor([3, 16], dtype=torch.int32)
+    p = make_plan("aiter-fast", qo, kv, 2, page_size=16, kv_last_page_len=last, kv_granularity=1, q_len=4)
+    p.validate(qo, kv)
+    assert p.work_info[:, [0, 4, 5]].tolist() == [[0, 0, 10], [1, 10, 16]]
+    assert p.params["payload_blocks"] == 10
+
+
 def test_balanced_never_worse_than_fast_on_its_own_objective() -> None:
     for lens in ([1024] * 4, [100000, 100, 100, 100], [8192] * 32, [5, 7000, 300, 0, 12000]):
         bal = plan_for("balanced", lens, 256, overhead=64)
