@@ -181,6 +181,56 @@ def test_fast_mode_tail_rule_counts_tokens_of_pages() -> None:
     assert p.params["payload_blocks"] == 10
 
 
+# (q rows per request, kv lens, CUs, num_heads, kv_granularity) -> (avg, workload_limit), by hand from the docstring:
+# avg = ceil((sum(2 packed + kv) - 2 p B) / CUs), limit by avg's band, wl = 2p + limit + 2p (0.01 B + 0.01 avg + 10),
+# rounded up to an int and then to the granularity. E.g. [2] on 4 CUs: cost 32 + 2, avg = ceil(32 / 4) = 8 -> limit 32,
+# wl = 2 + 32 + 2 (0.01 + 0.08 + 10) = 54.18 -> 55; [6]: avg 9 -> limit 64, wl = 86.2 -> 87; [230]: avg 65 = limit,
+# wl = 88.32 -> 89; 13 x 100 at q_len 4 (packed 64) on 8: avg = ceil((13 * 228 - 104) / 8) = 358, wl = 8 + 358 +
+# 8 (0.13 + 3.58 + 10) = 475.68 -> 476; q_len 2 x 128 heads: packed capped at 128, avg = ceil(256 / 4) = 64, wl =
+# 196 + 4 (10.65) = 238.6 -> 239; q rows [1, 2] (not uniform: p = 128), cost 42 + 74 - 512 < 0 -> avg 0, wl = 288 +
+# 256 (10.02) = 2853.12 -> 2864 (granularity 16).
+COST_HEAP_LIMITS = [
+    ([1], [2], 4, 16, 1, (8, 55)), ([1], [6], 4, 16, 1, (9, 87)), ([1], [34], 4, 16, 1, (16, 87)),
+    ([1], [38], 4, 16, 1, (17, 151)), ([1], [98], 4, 16, 1, (32, 151)), ([1], [102], 4, 16, 1, (33, 215)),
+    ([1], [226], 4, 16, 1, (64, 216)), ([1], [230], 4, 16, 1, (65, 89)), ([4] * 13, [100] * 13, 8, 16, 1, (358, 476)),
+    ([2], [4], 4, 128, 1, (64, 239)), ([1, 2], [10, 10], 4, 16, 16, (0, 2864)),
+]  # fmt: skip
+
+
+def test_cost_heap_workload_limit_hand_computed() -> None:
+    for q_rows, lens, cus, heads, gran, want in COST_HEAP_LIMITS:
+        qo = torch.tensor([0, *torch.tensor(q_rows).cumsum(0).tolist()], dtype=torch.int32)
+        kv = indptrs_for(lens)[1]
+        p = make_plan("aiter-cost-heap", qo, kv, cus, num_heads=heads, kv_granularity=gran).validate(qo, kv)
+        assert (p.params["avg"], p.params["workload_limit"]) == want, (q_rows, lens, cus)
+
+
+def test_cost_heap_minimum_piece() -> None:
+    """[1589] on 16 CUs: avg 102, workload_limit 128, so a fresh CU has room (128 - 32) = 96 tokens, but a piece is at
+    least roundup(ceil(1589 / 16), 16) = 112: 14 pieces of 112, then the 21 tokens left in one."""
+    p = plan_for("aiter-cost-heap", [1589], 16)
+    assert p.params["workload_limit"] == 128 and frag_tokens(p, 0) == [112] * 14 + [21]
+
+
+def test_cost_heap_split_tolerance_edge() -> None:
+    """1696 / 1697 tokens on 16 CUs: avg 108 = limit, workload_limit = roundup(ceil(2 + 108 + 2 (10.01 + 1.08)), 16)
+    = 144, pieces of 112. Before the 15th piece 128 (1696) or 129 (1697) tokens are left: a rest of 16 after it is
+    absorbed (<= kSplitTolerance), a rest of 17 is a work of its own."""
+    assert frag_tokens(plan_for("aiter-cost-heap", [1696], 16), 0) == [112] * 14 + [128]
+    assert frag_tokens(plan_for("aiter-cost-heap", [1697], 16), 0) == [112] * 15 + [17]
+
+
+def test_cost_heap_places_costlier_requests_first() -> None:
+    """[64, 1000] on 4 CUs: avg = ceil((96 + 1032 - 4) / 4) = 281 = limit, workload_limit = roundup(ceil(2 + 281 + 2
+    (0.02 + 2.81 + 10)), 16) = 320, so a fresh CU has room 288. Request 1 (cost 1032) goes first: 288 on CUs 0, 1, 2
+    and the last 136 on CU 3 (load 168); then request 0 (cost 96) on the least-loaded CU, 3."""
+    p = plan_for("aiter-cost-heap", [64, 1000], 4)
+    df = p.to_frame().sort_values(["batch_idx", "kv_start"])
+    assert p.params["workload_limit"] == 320
+    assert list(zip(df.batch_idx, df.cu, df.kv_tokens)) == [(0, 3, 64), (1, 0, 288), (1, 1, 288), (1, 2, 288),
+                                                            (1, 3, 136)]  # fmt: skip
+
+
 def test_balanced_never_worse_than_fast_on_its_own_objective() -> None:
     for lens in ([1024] * 4, [100000, 100, 100, 100], [8192] * 32, [5, 7000, 300, 0, 12000]):
         bal = plan_for("balanced", lens, 256, overhead=64)
