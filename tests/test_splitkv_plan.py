@@ -231,6 +231,48 @@ def test_cost_heap_places_costlier_requests_first() -> None:
                                                             (1, 3, 136)]  # fmt: skip
 
 
+def test_cost_heap_load_accounting_on_a_revisited_cu() -> None:
+    """[100, 300, 300] on 4 CUs: avg = ceil((132 + 332 + 332 - 6) / 4) = 198 = limit, workload_limit =
+    roundup(ceil(200 + 2 (0.03 + 1.98 + 10)), 16) = 240, room of a fresh CU 208. Requests 1 and 2 (cost 332) take
+    208 + 92 each on CUs 0, 1 and 2, 3 (loads 240, 124 = 32 + 92). Request 0 (min piece 32) then goes to CU 1 (load
+    124): room (240 - 124 - 32) // 16 * 16 = 80, so 80 tokens, and the last 20 on CU 3."""
+    p = plan_for("aiter-cost-heap", [100, 300, 300], 4)
+    assert (p.params["workload_limit"], p.params["avg"]) == (240, 198)
+    df = p.to_frame().sort_values(["batch_idx", "kv_start"])
+    assert list(zip(df.batch_idx, df.cu, df.kv_tokens)) == [(0, 1, 80), (0, 3, 20), (1, 0, 208), (1, 1, 92),
+                                                            (2, 2, 208), (2, 3, 92)]  # fmt: skip
+
+
+def test_balanced_rules_by_hand() -> None:
+    """Default overhead 64 tokens; a 1-token cut is a work (2 tokens on 2 CUs at granularity 1, no overhead: capacity
+    1, one token per CU); `max_split_per_batch` caps the CUs used at splits x batch (2 x 2 = 4 of 16)."""
+    assert plan_for("balanced", [100], 4).params["overhead_tokens"] == 64
+    p = plan_for("balanced", [2], 2, kv_granularity=1, overhead=0)
+    assert p.params["capacity"] == 1 and p.work_info[:, [0, 4, 5]].tolist() == [[0, 0, 1], [0, 1, 2]]
+    p = plan_for("balanced", [1000, 1000], 16, max_split_per_batch=2)
+    assert p.params["cus_allowed"] == 4 and p.summary()["busy_cus"] == 4
+
+
+def test_balanced_capacity_is_the_smallest_that_fits() -> None:
+    """[1000] on 2 CUs, overhead 64, granularity 16: CU 0 cuts t = (C - 64) // 16 * 16 tokens and CU 1 needs
+    1000 - t + 64 <= C, i.e. C = 64 + 16 k + r with 32 k + r >= 1000: k = 31, r = 8, C = 568 (496 + 504 tokens). On
+    one CU everything shares it: [100, 100] needs 200 + 2 x 64 = 328 (overhead 64) or 200 (overhead 0)."""
+    p = plan_for("balanced", [1000], 2)
+    assert p.params["capacity"] == 568 and frag_tokens(p, 0) == [496, 504]
+    for overhead, cap in ((64, 328), (0, 200)):
+        p = plan_for("balanced", [100, 100], 1, overhead=overhead)
+        assert p.params["capacity"] == cap and p.n_work == 2
+    # [20, 20, 20] on 2 CUs, overhead 1 (< granularity 16): a second request fits CU 0 only as a cut of 16, which
+    # needs 21 + 1 + 16 = 38; below that the third request finds no CU
+    p = plan_for("balanced", [20, 20, 20], 2, overhead=1)
+    assert p.params["capacity"] == 38 and p.work_info[:, [0, 4, 5]].tolist() == [
+        [0, 0, 20],
+        [1, 20, 36],
+        [1, 36, 40],
+        [2, 40, 60],
+    ]
+
+
 def test_balanced_never_worse_than_fast_on_its_own_objective() -> None:
     for lens in ([1024] * 4, [100000, 100, 100, 100], [8192] * 32, [5, 7000, 300, 0, 12000]):
         bal = plan_for("balanced", lens, 256, overhead=64)
@@ -256,6 +298,13 @@ def test_simple_64x8192_on_132_grows_the_chunk_to_one_wave() -> None:
     counts = (p.work_indptr[1:] - p.work_indptr[:-1]).tolist()
     assert counts == [(c + 1) * 128 // 132 - c * 128 // 132 for c in range(132)]
     assert p.n_partial_rows == 128 and p.reduce_indptr.tolist() == list(range(0, 129, 2))
+
+
+def test_simple_growth_stops_at_the_longest_request() -> None:
+    """[128, 1, 1] on 2 SMs, block 64: chunk = roundup(ceil(130 / 2), 64) = 128 = the longest request, so it does
+    not grow although 3 works exceed the 2 SMs (the docstring's "or the chunk reaches the longest request")."""
+    p = plan_for("simple", [128, 1, 1], 2)
+    assert p.params["chunk"] == 128 and p.n_work == 3
 
 
 def test_simple_b4x1024_on_132_is_16_works_of_64() -> None:
