@@ -264,6 +264,11 @@ def test_balanced_capacity_is_the_smallest_that_fits() -> None:
         assert p.params["capacity"] == cap and p.n_work == 2
     # [20, 20, 20] on 2 CUs, overhead 1 (< granularity 16): a second request fits CU 0 only as a cut of 16, which
     # needs 21 + 1 + 16 = 38; below that the third request finds no CU
+    # requests shorter than the granularity: [5, 5] on 4 CUs without overhead fit a capacity of 5, one per CU (the
+    # search once started at overhead + granularity = 16 and put both on CU 0); two empty requests: capacity 64
+    p = plan_for("balanced", [5, 5], 4, overhead=0)
+    assert p.params["capacity"] == 5 and p.work_indptr.tolist() == [0, 1, 2, 2, 2]
+    assert plan_for("balanced", [0, 0], 4).params["capacity"] == 64
     p = plan_for("balanced", [20, 20, 20], 2, overhead=1)
     assert p.params["capacity"] == 38 and p.work_info[:, [0, 4, 5]].tolist() == [
         [0, 0, 20],

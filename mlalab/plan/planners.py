@@ -381,7 +381,8 @@ def plan_cost_heap(
 
 # ---------------------------------------------------------------------------------------------- ours
 def _fill(x: _Batch, capacity: int, ovh: int, n_cus: int, emit: bool) -> list[Fragment] | None:
-    """In-order fill with a hard per-CU capacity (positions + ovh per work); None if it needs > n_cus CUs."""
+    """In-order fill with a hard per-CU capacity (positions + ovh per work); None if it needs > n_cus CUs. Below
+    ``ovh + gran`` no cut is possible (``take`` rounds down to 0): such a capacity fits only whole requests."""
     frags: list[Fragment] = []
     c, remain = 0, capacity
     for b in range(x.B):
@@ -439,7 +440,7 @@ def plan_balanced(
     msp = _splits_knob(max_split_per_batch, num_kv_splits)
     n_cus = x.N if msp is None else min(x.N, msp * x.B)
     total = x.kvp[-1] - x.kvp[0]
-    lo = max(ovh + x.gran, _ceil(total + x.B * ovh, n_cus))  # no capacity below the average can fit
+    lo = max(ovh + min(x.gran, max(map(x.positions, range(x.B)))), _ceil(total + x.B * ovh, n_cus))  # see _fill()
     hi = total + (x.B + 1) * (ovh + x.gran)  # everything on one CU always fits
     while lo < hi:
         mid = (lo + hi) // 2
