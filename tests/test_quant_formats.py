@@ -173,3 +173,32 @@ def test_float64_inputs_round_once() -> None:
     want4 = torch.from_numpy(rnd.numpy().astype(ml_dtypes.float4_e2m1fn).astype(np.float64))
     assert torch.equal(got4.abs(), want4.abs())  # ml_dtypes maps some -0 differently; magnitudes must agree
     assert float(e2m1_decode(e2m1_encode(torch.tensor([0.25 + eps], dtype=torch.float64)))[0]) == 0.5
+
+
+def test_float64_exact_ties_stay_ties() -> None:
+    """A float64 that is exactly an fp8 / E2M1 midpoint (or exactly representable in float32) gets no sticky bit:
+    1.0625 (between e4m3's 1 and 1.125) -> 1.0 and 1.1875 -> 1.25 (ties to the even mantissa), E2M1 0.25 -> 0 and
+    0.75 -> 1.0; the float32 conversion of such values is exact, bit for bit."""
+    from mlalab.quant.formats import decode_fp8, to_float32_exact_for_rounding
+
+    exact = torch.tensor([1.0625, 1.1875, -1.0625, 0.25, 0.75, 1.0, 0.0, 448.0], dtype=torch.float64)
+    assert torch.equal(to_float32_exact_for_rounding(exact).view(torch.int32), exact.float().view(torch.int32))
+    assert decode_fp8(encode_fp8(exact[:3], "e4m3fn")).tolist() == [1.0, 1.25, -1.0]
+    assert e2m1_decode(e2m1_encode(exact[3:5])).tolist() == [0.0, 1.0]
+
+
+# half an ulp above the largest finite value: e4m3fn 448 + 32 / 2, e4m3fnuz 240 + 16 / 2, e5m2 57344 + 8192 / 2
+OVERFLOW_TIES = {"e4m3fn": 464.0, "e4m3fnuz": 248.0, "e5m2": 61440.0}
+
+
+@pytest.mark.parametrize("name", list(ML))
+def test_nonsaturating_overflow_at_the_exact_tie_matches_ml_dtypes(name: str) -> None:
+    """At the tie RNE goes to the even neighbour: e4m3fn's 448 (mantissa 110) stays finite, e4m3fnuz's 240 and
+    e5m2's 57344 (odd mantissas) round up past the range -> NaN / inf. Just above the tie it always overflows."""
+    t = OVERFLOW_TIES[name]
+    x = np.array([t, -t, np.nextafter(t, np.inf), np.nextafter(t, 0)], dtype=np.float32)
+    ours = encode_fp8(torch.from_numpy(x), name, "inf" if name == "e5m2" else "nan").double().numpy()
+    ref = x.astype(ML[name]).astype(np.float64)
+    for a, b, v in zip(ours, ref, x):
+        assert _same(float(a), float(b)), (v, a, b)
+    assert math.isfinite(ours[0]) == (name == "e4m3fn")
