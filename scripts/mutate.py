@@ -12,6 +12,7 @@ pytest imported once; the package under test is imported fresh in each child.
     python scripts/mutate.py                      # everything, ~30-60 min on 2 cores
     python scripts/mutate.py --modules quant --hand-only
     python scripts/mutate.py --files mlalab/traffic.py mlalab/timing.py
+    python scripts/mutate.py --files mlalab/quant/schemes.py --functions Fp8Scheme.range_stats   # part of a module
     python scripts/mutate.py --list               # the mutants, without running them
     python scripts/mutate.py --out docs/mutation_run.csv
 
@@ -407,6 +408,9 @@ def main() -> None:
         "--files", nargs="*", default=None, help="module paths instead of --modules (e.g. mlalab/traffic.py)"
     )
     ap.add_argument("--hand-only", action="store_true", help="only the hand-written mutants")
+    ap.add_argument(
+        "--functions", nargs="*", default=None, help="only the generated mutants in these TARGETS functions"
+    )
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--timeout", type=float, default=0, help="seconds per mutant (default: 4 x the clean run)")
     ap.add_argument("--out", default="", help="CSV of every mutant's result")
@@ -424,6 +428,11 @@ def main() -> None:
     if not args.hand_only:
         for m in sorted(modules):
             mutants += generate(m)
+    if args.functions is not None:
+        known = {f for m in modules for f in TARGETS[m][0]}
+        if set(args.functions) - known:
+            raise SystemExit(f"unknown --functions {sorted(set(args.functions) - known)}; valid: {', '.join(known)}")
+        mutants, stale = [m for m in mutants if m.function in args.functions], []
     for name, module in stale:
         print(f"INVALID (text not found, update HAND): {module}: {name}")
     if args.list:
