@@ -202,3 +202,10 @@ def test_nonsaturating_overflow_at_the_exact_tie_matches_ml_dtypes(name: str) ->
     for a, b, v in zip(ours, ref, x):
         assert _same(float(a), float(b)), (v, a, b)
     assert math.isfinite(ours[0]) == (name == "e4m3fn")
+
+
+def test_e2m1_decode_refuses_codes_past_15() -> None:
+    assert e2m1_decode(torch.tensor([15, 8, 7], dtype=torch.uint8)).tolist() == [-6.0, -0.0, 6.0]
+    for bad in (16, 0x23):  # 0x23: a packed byte passed unpacked
+        with pytest.raises(ValueError, match=r"E2M1 codes must be in \[0, 15\]"):
+            e2m1_decode(torch.tensor([1, bad], dtype=torch.uint8))

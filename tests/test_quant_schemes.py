@@ -303,3 +303,30 @@ def test_mx_block_must_divide() -> None:
         mxfp4_quantize(torch.randn(4, 48), "even", "ties-away")
     with pytest.raises(ValueError, match="multiple of the block size 16"):
         nvfp4_quantize(torch.randn(4, 40))
+
+
+def test_range_stats_hand_counted() -> None:
+    """fp8-direct (scale 1, e4m3fn: smallest normal 2**-6 = 0.015625, max 448) over 2 x 576 values: three 0.01
+    (subnormal), 0.015625 (the smallest normal: not subnormal), 448 (the max: not beyond), two 500 (beyond), 1.0 and
+    zeros (neither)."""
+    from mlalab.quant import get_q_scheme
+
+    x = torch.zeros(2, 576)
+    x[0, :3] = 0.01
+    x[0, 3], x[0, 4], x[1, 0], x[1, 1], x[1, 2] = 0.015625, 448.0, 500.0, -500.0, 1.0
+    st = get_q_scheme("fp8-direct", "e4m3fn").range_stats(x)
+    assert st == {"subnormal_frac": 3 / 1152, "overflow_frac": 2 / 1152}
+
+
+def test_block_scaled_values_drop_the_padding() -> None:
+    """fp8-block128 over rows of 576 (blocks 128 x 4 + 64): |x / scale| per element, the last block's padding removed;
+    block 0 has amax 448 (scale 1), the 64-wide last block amax 2240 (scale 5)."""
+    from mlalab.quant import get_q_scheme
+
+    x = torch.zeros(2, 576)
+    x[:, 5], x[:, 6], x[:, 520], x[:, 521] = 448.0, -224.0, 2240.0, 1120.0
+    v = get_q_scheme("fp8-block128", "e4m3fn").scaled_values(x)
+    assert v.shape == (1152,)
+    want = torch.zeros(2, 576)
+    want[:, 5], want[:, 6], want[:, 520], want[:, 521] = 448.0, 224.0, 448.0, 224.0
+    assert torch.equal(v, want.flatten())
