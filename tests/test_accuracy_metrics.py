@@ -195,3 +195,28 @@ def test_evaluate_takes_inputs_or_case_and_checks_the_device() -> None:
             evaluate(case, device="cuda")
     with pytest.raises(ValueError, match="unknown KV scheme"):
         evaluate(DecodeCase.uniform(1, 10**9), "bf16", "fp9")  # names checked before any input is drawn
+
+
+def test_output_metrics_hand_computed() -> None:
+    """ref = 0.5 [[1, 0], [0, 1]], out = 0.5 [[1, 0], [1, 1]] (norms below 1): err = 0.5 at one element, so
+    rel-L2 = 0.5 / (0.5 sqrt 2) = 1 / sqrt 2, SQNR = 10 log10 2 dB, max-abs 0.5 over ref RMS sqrt(0.5 / 4) = sqrt 2,
+    cosine = 0.5 / (0.5 sqrt 3 x 0.5 sqrt 2) = 2 / sqrt 6, worst row (the second) 1 / sqrt 2."""
+    ref = 0.5 * torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+    out = 0.5 * torch.tensor([[[1.0, 0.0], [1.0, 1.0]]])
+    m = output_metrics(out, ref, [(0.0, 0.25)])
+    want = {"rel_l2": 2**-0.5, "sqnr_db": 10 * math.log10(2), "max_abs": 0.5, "max_abs_over_ref_rms": 2**0.5,
+            "cosine": 2 / 6**0.5, "worst_row_cosine": 2**-0.5, "nan_count": 0.0}  # fmt: skip
+    for k, v in want.items():
+        assert m[k] == pytest.approx(v, rel=1e-12), k
+    assert [v for k, v in m.items() if k not in want] == [0.25]  # 1 of 4 elements beyond atol 0.25
+    # a NaN and an inf output: counted, and max-abs / worst-row cosine are NaN; the global ratios too
+    bad = out.clone()
+    bad[0, 0, 0], bad[0, 1, 1] = math.nan, math.inf
+    m = output_metrics(bad, ref)
+    assert m["nan_count"] == 2.0 and math.isnan(m["max_abs"]) and math.isnan(m["worst_row_cosine"])
+    # all-zero output: rel-L2 1 (SQNR 0 dB), cosine undefined; all-zero reference: the ratios are undefined
+    m = output_metrics(torch.zeros_like(ref), ref)
+    assert m["rel_l2"] == 1.0 and m["sqnr_db"] == 0.0 and math.isnan(m["cosine"])
+    m = output_metrics(out, torch.zeros_like(ref))
+    assert math.isnan(m["rel_l2"]) and math.isnan(m["sqnr_db"]) and math.isnan(m["max_abs_over_ref_rms"])
+    assert m["max_abs"] == 0.5

@@ -209,3 +209,11 @@ def test_e2m1_decode_refuses_codes_past_15() -> None:
     for bad in (16, 0x23):  # 0x23: a packed byte passed unpacked
         with pytest.raises(ValueError, match=r"E2M1 codes must be in \[0, 15\]"):
             e2m1_decode(torch.tensor([1, bad], dtype=torch.uint8))
+
+
+def test_e8m0_from_exponent_clamps_to_the_spec_range() -> None:
+    """OCP MX: X = 2**(E - 127), exponents clamped to [-127, 127] (254 is the largest finite code, 0xFF is NaN)."""
+    from mlalab.quant.formats import e8m0_from_exponent
+
+    e = torch.tensor([-200, -128, -127, -1, 0, 1, 127, 128, 300], dtype=torch.int32)
+    assert e8m0_from_exponent(e).tolist() == [0, 0, 0, 126, 127, 128, 254, 254, 254]
