@@ -217,3 +217,10 @@ def test_e8m0_from_exponent_clamps_to_the_spec_range() -> None:
 
     e = torch.tensor([-200, -128, -127, -1, 0, 1, 127, 128, 300], dtype=torch.int32)
     assert e8m0_from_exponent(e).tolist() == [0, 0, 0, 126, 127, 128, 254, 254, 254]
+
+
+@pytest.mark.parametrize("name", list(ML))
+def test_format_limits_match_ml_dtypes(name: str) -> None:
+    f, fi = FP8_FORMATS[name], ml_dtypes.finfo(ML[name])
+    assert f.min_normal == float(fi.smallest_normal) and f.min_subnormal == float(fi.smallest_subnormal)
+    assert math.isnan(float(np.array([f.nan_code], np.uint8).view(ML[name])[0]))
