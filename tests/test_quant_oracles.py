@@ -219,6 +219,17 @@ def test_flashmla_v32_golden_values() -> None:
     assert y[536].item() == 1.0
 
 
+def test_flashmla_v32_power_of_two_ratio_keeps_its_scale() -> None:
+    """amax 448 = 448 x 2^0: the ratio is exactly 1, so the scale is 2^ceil(log2 1) = 1 (not 2); 0.01 then reads back
+    as the e4m3 subnormal 5 x 2^-9 = 0.009765625 (0.01 / 2^-9 = 5.12); with scale 2 it would be 3 x 2^-8. Same at
+    amax 56 = 448 x 2^-3 (scale 2^-3): 0.00125 / 2^-3 / 2^-9 = 5.12 -> 5 x 2^-12 (with scale 2^-2: 6 x 2^-12)."""
+    x = torch.zeros(1, 1, 576)
+    x[0, 0, 0], x[0, 0, 1] = 448.0, 0.01
+    x[0, 0, 128], x[0, 0, 129] = 56.0, 0.00125
+    y = get_kv_scheme("fp8-flashmla-v32").fake_quant(x)[0, 0]
+    assert y[:2].tolist() == [448.0, 5 * 2.0**-9] and y[128:130].tolist() == [56.0, 5 * 2.0**-12]
+
+
 def test_fp8_token_golden_values() -> None:
     """Hand-worked per-token scales on q: token 0's amax is 448 (in head 5), so its scale is 1 and 1.1 reads back as
     the e4m3 neighbour 1.125; token 1's amax is 0.5 (scale 0.5 / 448) so 0.3 reads back as 0.3 * 448 / 0.5 = 268.8
