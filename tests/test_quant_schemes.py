@@ -316,6 +316,15 @@ def test_range_stats_hand_counted() -> None:
     x[0, 3], x[0, 4], x[1, 0], x[1, 1], x[1, 2] = 0.015625, 448.0, 500.0, -500.0, 1.0
     st = get_q_scheme("fp8-direct", "e4m3fn").range_stats(x)
     assert st == {"subnormal_frac": 3 / 1152, "overflow_frac": 2 / 1152}
+    one = get_q_scheme("fp8-direct", "e4m3fn").range_stats(torch.tensor([[0.01]]))
+    assert one == {"subnormal_frac": 1.0, "overflow_frac": 0.0}
+    # fp8-tensor, amax 896: scale 2, so |x| / 2: 2^-7 -> 2^-8 (subnormal), 3 x 2^-6 -> 3 x 2^-7 (normal), 896 -> 448
+    x = torch.zeros(2, 576)
+    x[0, 0], x[0, 1], x[1, 7] = 2.0**-7, -3 * 2.0**-6, 896.0
+    sch = get_q_scheme("fp8-tensor", "e4m3fn")
+    v = sch.scaled_values(x)
+    assert v.shape == (1152,) and (v[0].item(), v[1].item(), v[576 + 7].item()) == (2.0**-8, 3 * 2.0**-7, 448.0)
+    assert sch.range_stats(x) == {"subnormal_frac": 1 / 1152, "overflow_frac": 0.0}
 
 
 def test_block_scaled_values_drop_the_padding() -> None:
@@ -323,10 +332,11 @@ def test_block_scaled_values_drop_the_padding() -> None:
     block 0 has amax 448 (scale 1), the 64-wide last block amax 2240 (scale 5)."""
     from mlalab.quant import get_q_scheme
 
-    x = torch.zeros(2, 576)
-    x[:, 5], x[:, 6], x[:, 520], x[:, 521] = 448.0, -224.0, 2240.0, 1120.0
-    v = get_q_scheme("fp8-block128", "e4m3fn").scaled_values(x)
-    assert v.shape == (1152,)
-    want = torch.zeros(2, 576)
-    want[:, 5], want[:, 6], want[:, 520], want[:, 521] = 448.0, 224.0, 448.0, 224.0
-    assert torch.equal(v, want.flatten())
+    for shape in ((2, 576), (1, 2, 576)):  # (rows, 576) and (tokens, heads, 576)
+        x = torch.zeros(shape)
+        x[..., 5], x[..., 6], x[..., 520], x[..., 521] = 448.0, -224.0, 2240.0, 1120.0
+        v = get_q_scheme("fp8-block128", "e4m3fn").scaled_values(x)
+        assert v.shape == (1152,)
+        want = torch.zeros(shape)
+        want[..., 5], want[..., 6], want[..., 520], want[..., 521] = 448.0, 224.0, 448.0, 224.0
+        assert torch.equal(v, want.flatten()), shape
