@@ -305,11 +305,17 @@ def test_simple_64x8192_on_132_grows_the_chunk_to_one_wave() -> None:
     assert p.n_partial_rows == 128 and p.reduce_indptr.tolist() == list(range(0, 129, 2))
 
 
-def test_simple_growth_stops_at_the_longest_request() -> None:
+def test_simple_chunk_growth_by_hand() -> None:
     """[128, 1, 1] on 2 SMs, block 64: chunk = roundup(ceil(130 / 2), 64) = 128 = the longest request, so it does
     not grow although 3 works exceed the 2 SMs (the docstring's "or the chunk reaches the longest request")."""
     p = plan_for("simple", [128, 1, 1], 2)
     assert p.params["chunk"] == 128 and p.n_work == 3
+    # an empty request is one (empty) work: [0, 128, 128] on 5 SMs fits one wave at chunk 64 (1 + 2 + 2 works)
+    p = plan_for("simple", [0, 128, 128], 5)
+    assert p.params["chunk"] == 64 and p.n_work == 5
+    # [129, 1, 1, 1] on 4 SMs: chunk 64 (6 works), then 128 (129 = 128 + 1 is still 2 works: 5 > 4), then 192
+    p = plan_for("simple", [129, 1, 1, 1], 4)
+    assert p.params["chunk"] == 192 and p.n_work == 4
 
 
 def test_simple_b4x1024_on_132_is_16_works_of_64() -> None:
