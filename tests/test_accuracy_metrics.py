@@ -171,6 +171,10 @@ def test_mismatch_fraction_hand_counted_at_asymmetric_tolerances() -> None:
     # infinities: an inf output is a mismatch even against an inf reference band
     assert mismatch_fraction(torch.tensor([math.inf, 2.0]), torch.tensor([1.0, 2.0]), 1.0, 1.0) == 1 / 2
     assert mismatch_fraction(torch.zeros(0), torch.zeros(0), 0.1, 0.1) == 0.0
+    # either tolerance may be 0: a pure relative band (errors 0.6, 0, 3, 0 against 0.5, 1, 2, 4) and a pure absolute one
+    r4 = torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64)
+    o4 = torch.tensor([1.6, 2.0, 7.0, 8.0], dtype=torch.float64)
+    assert mismatch_fraction(o4, r4, 0.5, 0.0) == 2 / 4 and mismatch_fraction(o4, r4, 0.0, 1.0) == 1 / 4
     for bad in ((-1.0, 0.0), (0.0, math.inf)):
         with pytest.raises(ValueError, match="rtol and atol"):
             mismatch_fraction(out, ref, *bad)

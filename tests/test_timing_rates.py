@@ -28,6 +28,9 @@ def test_rate_columns_hand_computed() -> None:
     assert r["tbps"] == pytest.approx(1.230848, rel=1e-12)
     assert r["pct_copy"] == pytest.approx(30.7712, rel=1e-12)
     assert r["floor_us"] == pytest.approx(0.615424, rel=1e-12)
+    # small but valid: 1 byte at 0.5 TB/s copy bandwidth in 0.5 us -> floor 2e-6 us, 2e-6 TB/s, 4e-4 % of copy
+    r = rate_columns(1, 0.5, 0.5)
+    assert (r["floor_us"], r["tbps"], r["pct_copy"]) == pytest.approx((2e-6, 2e-6, 4e-4), rel=1e-12)
     # 607,256,576 bytes in 150 us on a 4.2 TB/s copy: 4.048377 TB/s, 96.39 % of copy, floor 144.5849 us
     r = rate_columns(607_256_576, 4.2, 150.0)
     assert r["tbps"] == pytest.approx(4.04837717333, rel=1e-10)

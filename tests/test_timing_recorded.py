@@ -45,6 +45,8 @@ def test_rotation_copies_span_four_l2s_within_bounds() -> None:
     # the smallest competition shape (4 x 1024 fp8) rotates through > 4 L2s (107 copies; 16 up to run 12: 38 MB)
     assert rotation_copies(4 * 1024 * 576) == 107 and rotation_copies(603_979_776) == 2
     assert rotation_copies(1) == MAX_ROTATION
+    # 150 MiB: 4 x 60 MiB / 150 MiB = 1.6 -> 2 copies (the floor of 2, not more); 100 MiB: 2.4 -> 3
+    assert rotation_copies(150 << 20) == 2 and rotation_copies(100 << 20) == 3
     # the bytes of one rotated copy, per precision (one place: the bench and scripts/hopper_ab.py use it)
     assert kv_cache_bytes(4, 1024, "a8w8") == kv_cache_bytes(4, 1024, "a16w8") == 4 * 1024 * 576
     assert kv_cache_bytes(4, 1024, "bf16") == 2 * 4 * 1024 * 576
