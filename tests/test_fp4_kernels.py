@@ -562,3 +562,52 @@ def test_gpu_sm90_fp4_error_within_5pct_of_the_emulated_scheme(precision: str) -
     emul, _ = naive_decode(p)
     exact, _ = naive_decode(prepare(x, "bf16"))
     assert rel(out, exact) <= 1.05 * rel(emul.to(torch.bfloat16), exact)
+
+
+_WORDS_LAYOUTS = textwrap.dedent(
+    """
+    import torch
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.runtime.driver import driver
+    from mlalab.kernels.sm90.build import _Sm90Driver
+
+    driver.set_active(_Sm90Driver())
+
+    @gluon.jit
+    def show(X):
+        gl.static_print("LL16", gl.to_linear_layout(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                                          rank=2), [64, 512]))
+        gl.static_print("LL32", gl.to_linear_layout(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32,
+                                                                          rank=2), [64, 256]))
+
+    show.warmup(torch.zeros(4), grid=(1,))
+    """
+)
+
+
+def test_sm90_fp4_words_view_is_the_bf16_tile_byte_for_byte(tmp_path) -> None:  # noqa: ANN001
+    """The fp4 conversion stores int32 words (two bf16) into the bf16 tile through a reinterpreted view
+    (`fp4tiles._as_words`): the 128-byte-swizzled layouts of a (64, 512) bf16 tile and a (64, 256) int32 tile must put
+    bf16 (r, 2c + h) at byte 4·offset32(r, c) + 2h, i.e. their linear layouts agree on every byte-address bit.
+    (This environment's Triton: 3.6's ``to_linear_layout`` takes distributed layouts only.)"""
+    pytest.importorskip("triton.experimental.gluon")
+    import re
+
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))  # (a cached kernel prints nothing)
+    script = tmp_path / "words_layouts.py"  # (a file: @jit functions need their source)
+    script.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\n" + _WORDS_LAYOUTS)
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def bases(tag: str) -> list[tuple[int, int]]:
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith(tag))
+        found = re.search(r"offset_bases=\[(.*?)\]\]", line)
+        assert found, line
+        return [tuple(int(v) for v in b.split(",")) for b in re.findall(r"\[(-?\d+, -?\d+)", found.group(1) + "]")]
+
+    b16, b32 = bases("LL16"), bases("LL32")
+    assert len(b16) == 15 and len(b32) == 14, r.stdout
+    # byte-address bit k: bf16 offset bit k - 1, int32 offset bit k - 2 (bit 1 selects the bf16 inside a word)
+    assert b16[0] == (0, 1)
+    assert [(row, col // 2) for row, col in b16[1:]] == b32, (b16, b32)
