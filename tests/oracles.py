@@ -32,9 +32,47 @@ def token_rows(p: PreparedInputs) -> list[torch.Tensor]:
     return out
 
 
+#: E2M1 magnitudes by the code's low 3 bits (OCP MX spec, table "FP4 E2M1").
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _e4m3_values(b: torch.Tensor) -> torch.Tensor:
+    """E4M3 (fn) bytes -> float64, from the bit fields: 2^(E-7)·(1 + M/8), subnormal 2^-6·M/8, 0x7F / 0xFF NaN."""
+    b = b.long()
+    e, m = (b >> 3) & 15, (b & 7).double()
+    v = torch.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * torch.pow(2.0, (e - 7).double()))
+    v = torch.where((b & 0x7F) == 0x7F, float("nan"), v)
+    return torch.where(b >= 128, -v, v)
+
+
+def fp4_values(codes: torch.Tensor, scales: torch.Tensor, fmt: str, global_scale: float = 1.0) -> torch.Tensor:
+    """Packed E2M1 rows (rows, 288) bytes, the even index in the low nibble, with their block scales (MXFP4: E8M0
+    bytes per 32 values, 2^(e-127), 255 NaN; NVFP4: E4M3 bytes per 16 values, times `global_scale`) -> float64
+    (rows, 576), decoded here from the bits (independently of `mlalab.quant`)."""
+    c = codes.cpu().long()
+    nib = torch.stack([c & 15, c >> 4], -1).reshape(c.shape[0], -1)  # (rows, 576): even index = low nibble
+    mag = torch.tensor(_E2M1, dtype=torch.float64)[nib & 7]
+    val = torch.where(nib >= 8, -mag, mag)
+    sb = scales.cpu().view(torch.uint8).long()
+    if fmt == "mxfp4":
+        sc = torch.where(sb == 255, float("nan"), torch.pow(2.0, (sb - 127).double()))
+    else:
+        sc = _e4m3_values(sb) * global_scale
+    g = val.shape[1] // sc.shape[1]
+    return (val.reshape(val.shape[0], -1, g) * sc[:, :, None]).reshape(val.shape)
+
+
+def kv_values(p: PreparedInputs) -> torch.Tensor:
+    """The KV rows of `p` as the decode sees them, float64 (rows, 576): codes times the per-tensor scale, or the fp4
+    codes decoded with their block scales (and NVFP4's per-cache scale)."""
+    if p.spec.kv_fp4:
+        return fp4_values(p.kv, p.kv_scales, p.spec.kv_format, float(p.kv_scale.cpu()[0]))
+    return p.kv.cpu().double() * float(p.kv_scale.cpu()[0])
+
+
 def mean_v(p: PreparedInputs) -> torch.Tensor:
     """The output of a decode that ignores q: each request's mean V (dequantised), for every q row and head."""
-    kv = p.kv.cpu().double() * float(p.kv_scale.cpu()[0])
+    kv = kv_values(p)
     q_ind = p.qo_indptr.cpu().tolist()
     out = torch.zeros(int(q_ind[-1]), 16, 512, dtype=torch.float64)
     for b, rows in enumerate(token_rows(p)):
@@ -50,7 +88,7 @@ def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | No
     (None: not rounded) feeds the value product, the unrounded P the softmax sum; split works merge by their LSEs.
     This is the specification of the production numerics (fp8 P for a8w8, bf16 P for the 16-bit paths)."""
     q = p.q.cpu().double() * float(p.q_scale.cpu()[0])
-    kv = p.kv.cpu().double() * float(p.kv_scale.cpu()[0])
+    kv = kv_values(p)
     lens = torch.tensor([len(r) for r in token_rows(p)])
     rows_of = token_rows(p)
     wi = token_work_info(plan.to("cpu"), p.kv_indptr.cpu(), p.kv_last_page_len.cpu())

@@ -235,16 +235,19 @@ def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
 @pytest.mark.parametrize("triton_copy", ["environment", "h200"])
 def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
     """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
-    hooks): the path's wgmmas (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory, within
-    sm_90's 227 KB, the fp8 V load free of bank conflicts, one
-    8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
+    hooks, the four fp4 precisions of v-fp4): the path's wgmmas (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68
+    HGMMA), no local memory, within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's conversion free of bank
+    conflicts, one 8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
     body = (
         "from mlalab.kernels.sm90.build import compile_stage1\n"
         "runs = [('v-regs', m, fb, tl, ab) for m in (False, True) for fb in (None, 2) for tl, ab in ((0, 0),)]\n"
         "runs += [('v-regs', False, None, 1, 0), ('v-regs', False, 2, 0, 1), ('v-regs', False, 2, 0, 2)]\n"
         "runs += [(p, m, None, 0, 0) for p in ('v-tile', 'v-conv') for m in (False, True)]\n"
-        "for path, mask, fb, tl, ab in runs:\n"
-        "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab)\n"
+        "runs = [(*r, None) for r in runs]\n"
+        "runs += [('v-fp4', m, None, 0, 0, pr) for pr in ('a16w4-mxfp4', 'a8w4-mxfp4', 'a16w4-nvfp4', 'a8w4-nvfp4')\n"
+        "         for m in (False, True)]\n"
+        "for path, mask, fb, tl, ab, prec in runs:\n"
+        "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec)\n"
         "    gmma = sum(n for k, n in r.sass.items() if 'GMMA' in k)\n"
         "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
         "    print('R', path, int(mask), fb or 0, tl, ab, r.registers, r.stack_bytes, local, r.shared_bytes,\n"
@@ -252,8 +255,8 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0))\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 11, out
-    for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
+    assert len(rows) == 19, out
+    for _, path, _mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
         assert int(stack) == 0 and local == "0", out  # (a masked V operand once made the paged fp8 loop spill)
         if path == "v-regs":
@@ -261,6 +264,8 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
             assert int(gmma) == {"0": 34, "1": 16, "2": 0}[ab], out  # ablations drop the products they name
             if ab == "0":
                 assert int(stg64) >= 16, out  # the fp16 partial: one 8-byte vector of 4 heads per row
+        elif path == "v-fp4":  # the rope chunk's code load and word store (the value chunks: see fp4tiles)
+            assert int(gmma) == 68 and conflicts == "0,0", out
         else:
             assert int(gmma) == 68 and conflicts == "-", out
         assert int(lg2) >= 4, out  # the LSE's log2 on the SFU (one per head column a thread holds)
@@ -294,7 +299,9 @@ def test_reduces_compile_for_sm90_without_local_memory(triton_copy: str) -> None
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        (dict(path="vt-smem"), ValueError, "path must be one of 'v-regs', 'v-tile', 'v-conv'"),
+        (dict(path="vt-smem"), ValueError, "path must be one of 'v-regs', 'v-tile', 'v-conv', 'v-fp4'"),
+        (dict(path="v-fp4", precision="a8w8"), ValueError, "precision must be one of a16w4-mxfp4, .* on v-fp4"),
+        (dict(path="v-conv", precision="a16w4-mxfp4"), ValueError, "v-conv has one build"),
         (dict(path="v-regs", first_burst=4), ValueError, "first_burst must be None .* or 1 to 3 on v-regs"),
         (dict(path="v-tile", ablate=1), ValueError, "fp8 path only"),
         (dict(path="v-regs", ablate=3), ValueError, "ablate must be 0"),

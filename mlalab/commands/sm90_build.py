@@ -12,12 +12,12 @@ NAME = "sm90-build"
 HELP = "compile the sm_90 kernels for Hopper (no GPU needed) and print registers, spills, shared memory, SASS mix"
 ORDER = 70
 
-_PATHS = ("v-regs", "v-tile", "v-conv")
+_PATHS = ("v-regs", "v-tile", "v-conv", "v-fp4")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paths", type=parse_csv_items, default=_PATHS, help="stage-1 paths: v-regs (a8w8), v-tile "
-                   "(bf16), v-conv (a16w8); default all")  # fmt: skip
+                   "(bf16), v-conv (a16w8), v-fp4 (the four fp4-KV precisions); default all")  # fmt: skip
     p.add_argument("--paged", action="store_true", help="with the masked tiles of a paged cache")
     p.add_argument("--reduce", type=parse_int_list, default=(2, 8, 16, 64),
                    help="max partials per request of the Gluon reduce builds")  # fmt: skip
@@ -35,9 +35,14 @@ def run(a: argparse.Namespace) -> int:
     reason = import_error()
     if reason is not None:
         raise RuntimeError(f"cannot compile the sm_90 kernels here: {reason}")
-    from ..kernels.sm90.build import compile_reduce, compile_stage1
+    from ..kernels.sm90.build import FP4_BUILDS, compile_reduce, compile_stage1
 
-    reports = [(f"stage1 {p}{' paged' if a.paged else ''}", compile_stage1(p, mask_tail=a.paged)) for p in paths]
+    paged = " paged" if a.paged else ""
+    reports = []
+    for p in paths:  # v-fp4: one build per fp4 precision (q type x MXFP4 / NVFP4)
+        for prec in FP4_BUILDS if p == "v-fp4" else (None,):
+            name = f"stage1 {p}{f' {prec}' if prec else ''}{paged}"
+            reports.append((name, compile_stage1(p, mask_tail=a.paged, precision=prec)))
     reports += [(f"reduce <= {n} partials", compile_reduce(n)) for n in counts]
     rows = []
     for name, r in reports:

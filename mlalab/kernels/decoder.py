@@ -8,7 +8,7 @@
 Stage 1 runs on the sm_90 kernel (`mlalab.kernels.sm90`) where it applies and on the portable Triton kernel
 (`mlalab.kernels.portable`) elsewhere; ``Decoder.sm90_reason`` says why not, ``Decoder.ran`` what ran. The reduce
 merges the partials of split requests: the Gluon reduce for the sm_90 kernel's fp16 partials (fp8 KV), the Triton one
-for fp32 partials (bf16 KV on sm_90, and the portable kernel).
+for fp32 partials (bf16 and fp4 KV on sm_90, and the portable kernel).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class Decoder:
     @property
     def ran(self) -> str:
         """The stage-1 kernel that runs: ``portable``, or ``sm90:`` and its path (``v-regs`` for fp8 q and KV,
-        ``v-tile`` for bf16, ``v-conv`` for bf16 q with fp8 KV)."""
+        ``v-tile`` for bf16, ``v-conv`` for bf16 q with fp8 KV, ``v-fp4`` for fp4 KV)."""
         return "portable" if self.sm90 is None else f"sm90:{self.sm90.path}"
 
     def __call__(self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:

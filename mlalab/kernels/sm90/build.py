@@ -121,18 +121,23 @@ def _report(ck: Any, stages: int, conflicts: tuple[int, ...]) -> BuildReport:
     )
 
 
-#: The operand types of each stage-1 path (`host.PATHS`): (q, KV).
+#: The operand types of each stage-1 path (`host.PATHS`): (q, KV); ``uint8``: fp4 codes (``v-fp4``).
 PATH_DTYPES = {"v-regs": ("float8_e4m3fn", "float8_e4m3fn"), "v-tile": ("bfloat16", "bfloat16"),
-               "v-conv": ("bfloat16", "float8_e4m3fn")}  # fmt: skip
+               "v-conv": ("bfloat16", "float8_e4m3fn"), "v-fp4": ("bfloat16", "uint8")}  # fmt: skip
+
+#: The precisions of the ``v-fp4`` path: (q type, the kernel's ``KV_FP4``: 1 MXFP4, 2 NVFP4).
+FP4_BUILDS = {"a16w4-mxfp4": ("bfloat16", 1), "a8w4-mxfp4": ("float8_e4m3fn", 1),
+              "a16w4-nvfp4": ("bfloat16", 2), "a8w4-nvfp4": ("float8_e4m3fn", 2)}  # fmt: skip
 
 
 def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst: int | None = None,
-                   timeline: bool = False, ablate: int = 0) -> BuildReport:  # fmt: skip
+                   timeline: bool = False, ablate: int = 0, precision: str | None = None) -> BuildReport:  # fmt: skip
     """Compile the sm_90 stage 1 (`stage1.stage1_kernel`) on `path` (``"v-regs"``: fp8 q and KV, ``"v-tile"``: bf16,
-    ``"v-conv"``: bf16 q and fp8 KV) for sm_90, as the decoder launches it: its ring (`host.RING`), fp16 partials for
-    fp8 KV, else fp32, the reduce as a programmatic dependent. ``mask_tail``: a paged cache's tail masking;
-    ``first_burst``: the ring tiles issued at the start (None: the whole ring); ``timeline`` / ``ablate``: the
-    measurement hooks (the kernel's ``TIMELINE``, ``ABLATE``)."""
+    ``"v-conv"``: bf16 q and fp8 KV, ``"v-fp4"``: fp4 KV of `precision`, one of `FP4_BUILDS`, default
+    ``a16w4-mxfp4``) for sm_90, as the decoder launches it: its ring (`host.RING`), fp16 partials for fp8 KV, else
+    fp32, the reduce as a programmatic dependent. ``mask_tail``: a paged cache's tail masking; ``first_burst``: the
+    ring tiles issued at the start (None: the whole ring); ``timeline`` / ``ablate``: the measurement hooks (the
+    kernel's ``TIMELINE``, ``ABLATE``)."""
     import torch
     from triton.runtime.driver import driver
 
@@ -147,13 +152,24 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     if ablate not in (0, 1, 2) or isinstance(ablate, bool) or (ablate and path != "v-regs"):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV; fp8 path only), "
                          f"got {ablate!r} on {path}")  # fmt: skip
+    if path == "v-fp4":
+        precision = "a16w4-mxfp4" if precision is None else precision
+        if precision not in FP4_BUILDS:
+            raise ValueError(f"precision must be one of {', '.join(FP4_BUILDS)} on v-fp4, got {precision!r}")
+    elif precision is not None:
+        raise ValueError(f"precision chooses among the fp4 builds of v-fp4; {path} has one build")
     for name, flag in (("mask_tail", mask_tail), ("timeline", timeline)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     driver.set_active(_Sm90Driver())
     q_dtype, kv_dtype = (getattr(torch, n) for n in PATH_DTYPES[path])
+    kv_fp4 = 0
+    if path == "v-fp4":
+        q_name, kv_fp4 = FP4_BUILDS[precision]
+        q_dtype = getattr(torch, q_name)
     q = torch.zeros(4 * 16, 576, dtype=q_dtype)
-    kv = torch.zeros(4096, 576, dtype=kv_dtype)
+    kv = torch.zeros(4096, 288 if kv_fp4 else 576, dtype=kv_dtype)
+    scales = torch.zeros(4096, 36 if kv_fp4 == 2 else 18, dtype=torch.uint8)
     i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
     out, lse = torch.zeros(4, 16, 512, dtype=torch.bfloat16), torch.zeros(4, 16)
     part_dtype = torch.float16 if kv_dtype == torch.float8_e4m3fn else torch.float32
@@ -163,9 +179,10 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     with _fresh_triton_cache(), contextlib.redirect_stdout(printed):
         ck = S.stage1_kernel.warmup(
             *S.make_descriptors(q, kv, 16), i32(132 * INFO_COLS), i32(8 * 8), i32(64), out, lse, po, pl, one, one,
-            0.04, torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16, D_NOPE=512, D_ROPE=64,
-            BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail, LAUNCH_DEPENDENTS=True,
-            FIRST_BURST=first_burst or stages, TIMELINE=timeline, ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
+            scales, 4096 if kv_fp4 else 0, 0.04, torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16,
+            NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
+            LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4, TIMELINE=timeline,
+            ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
         )  # fmt: skip
     conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))
     return _report(ck, stages, conflicts)

@@ -19,11 +19,14 @@ __all__ = ["PATHS", "RING", "FIRST_BURST", "INFO_COLS", "unsupported", "import_e
            "cta_info", "first_burst", "Sm90Stage1"]  # fmt: skip
 
 #: The path each precision takes through stage 1 (`vpaths`): how V reaches the value product.
-PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v-conv"}
+PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v-conv",
+         **dict.fromkeys((Precision.A16W4_MXFP4, Precision.A8W4_MXFP4, Precision.A16W4_NVFP4, Precision.A8W4_NVFP4),
+                         "v-fp4")}  # fmt: skip
 
 #: The TMA ring of each path, in 64-token tiles: 3 fp8 tiles (36 KB each); 2 bf16 tiles (72 KB each, all that fits
-#: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile.
-RING = {"v-regs": 3, "v-tile": 2, "v-conv": 2}
+#: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile; 3 tiles of fp4 codes
+#: (18 KB each) beside it.
+RING = {"v-regs": 3, "v-tile": 2, "v-conv": 2, "v-fp4": 3}
 
 #: The ring tiles a CTA issues at its start when it streams more tiles than that and its ring is deeper; the rest
 #: follow once its first tile has arrived (`first_burst`).
@@ -53,14 +56,19 @@ def unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_
     `row_passes`). The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask
     it."""
     if prepared.spec.kv_fp4:
-        return f"{prepared.spec.kv_format} KV runs on the portable kernel (the sm_90 kernel has no fp4 path yet)"
+        expect = (prepared.kv.shape[0], MLA.qk_dim // (32 if prepared.spec.kv_format == "mxfp4" else 16))
+        if (prepared.kv.dtype != torch.uint8 or prepared.kv.shape[-1] != MLA.qk_dim // 2 or prepared.kv_scales is None
+                or tuple(prepared.kv_scales.shape) != expect):  # fmt: skip
+            return (f"{prepared.spec.kv_format} KV must be (rows, {MLA.qk_dim // 2}) uint8 codes with (rows, "
+                    f"{expect[1]}) block scales (mlalab.kernels.fp4.Fp4Cache)")  # fmt: skip
     if prepared.spec.kv_fp8 and prepared.kv.dtype != torch.float8_e4m3fn:
         return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
     if pv_exact or out_dtype != torch.bfloat16:
         return "production numerics only (bf16 output, fp8 or bf16 products): exact mode runs on the portable kernel"
     if prepared.precision is Precision.A8W8 and not p_fp8:
         return "P kept in fp16 (p_fp8=False): the sm_90 value product runs on fp8 operands; the portable kernel runs it"
-    if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != MLA.qk_dim:
+    kv_dim = MLA.qk_dim // 2 if prepared.spec.kv_fp4 else MLA.qk_dim  # (fp4: two codes per byte)
+    if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != kv_dim:
         return f"written for {MLA.num_heads} heads x {MLA.qk_dim} dims"
     if not (prepared.contiguous and prepared.page_size == 1) and prepared.page_size % BLOCK_N:
         return (f"tiles of {BLOCK_N} tokens must be contiguous rows: page size 1 with the identity page table, or a "
@@ -190,8 +198,10 @@ class Sm90Stage1:
             H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=BLOCK_N,
             NUM_STAGES=self.stages, MASK_TAIL=not (prepared.contiguous and prepared.page_size == 1),
             LAUNCH_DEPENDENTS=launch_dependents, FIRST_BURST=first_burst(most, self.stages), REPORT=False,
-            num_warps=BLOCK_N // 16,
+            KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(prepared.spec.kv_format, 0), num_warps=BLOCK_N // 16,
         )  # fmt: skip
+        #: fp4 KV: the block scales as bytes (what the kernel reads, `fp4tiles._load_tile_scales`), else a stand-in
+        self.kv_scales = prepared.kv_scale if prepared.kv_scales is None else prepared.kv_scales.view(torch.uint8)
 
     def descriptors(self, q: torch.Tensor, kv: torch.Tensor) -> tuple:
         """The TMA descriptors of this (q, kv) pair: built once per buffer pair, then cached."""
@@ -214,10 +224,12 @@ class Sm90Stage1:
                lse: torch.Tensor, part_o: torch.Tensor, part_lse: torch.Tensor, sm_scale: float, *,
                timeline: torch.Tensor | None = None, ablate: int = 0) -> None:  # fmt: skip
         """One launch (no host synchronisation). `timeline`: an (n_cu, TIMELINE_COLS) int64 buffer to stamp;
-        `ablate`: skip the score wgmma (1) or both wgmmas (2) — outputs wrong, for timing experiments only."""
+        `ablate`: skip the score wgmma (1) or both wgmmas (2) — outputs wrong, for timing experiments only. With fp4
+        KV, `kv` holds the codes and the block scales are the prepared ones (as on the portable kernel)."""
         stamps = lse if timeline is None else timeline  # (any tensor when not stamping: never touched)
+        kv_rows = int(kv.shape[0]) if self.kw["KV_FP4"] else 0
         self.K.stage1_kernel[(self.n_cu,)](
             *self.descriptors(q, kv), self.cta_info, work_info, self.tile_rows, out, lse, part_o, part_lse,
-            self.p.q_scale, self.p.kv_scale, sm_scale, stamps, TIMELINE=timeline is not None, ABLATE=ablate,
-            **self.kw,
+            self.p.q_scale, self.p.kv_scale, self.kv_scales, kv_rows, sm_scale, stamps, TIMELINE=timeline is not None,
+            ABLATE=ablate, **self.kw,
         )  # fmt: skip

@@ -56,6 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .epilogue import _store_work_natural, _store_work_vregs
+from .fp4tiles import _as_words, _convert_fp4_tile, _convert_q, _load_tile_scales, _scale_buffers
 from .vpaths import _convert_tile, _p_operand, _pv_operand, _zero_tail_rows
 
 __all__ = ["BLOCK_N", "INFO_COLS", "TIMELINE_COLS", "TIMELINE_MAX", "stage1_kernel", "make_descriptors"]
@@ -140,12 +141,14 @@ def _stage1_kernel(
     WORK_INFO,  # (n_work, 8) int32, kv positions in tokens
     TILE_ROWS,  # int32 KV row of each tile's first token, in the order the CTAs consume them
     OUT, OUT_LSE, PART_O, PART_LSE,
-    Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales
+    Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales (NVFP4: KV_SCALE is the per-cache scale)
+    KV_SCALES, KV_ROWS,  # fp4 KV: the block scales as bytes (KV_ROWS, 18 or 36) and KV_ROWS; else any tensor, 0
     sm_scale,
     TIMELINE_BUF,  # (n_cu, TIMELINE_COLS) int64 when TIMELINE, else any tensor (unused)
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     FIRST_BURST: gl.constexpr,  # ring tiles issued at the start (NUM_STAGES: all); the rest once tile 0 has arrived
+    KV_FP4: gl.constexpr,  # 0: fp8 / bf16 KV; 1: MXFP4 codes + E8M0 scales; 2: NVFP4 codes + E4M3 scales (`fp4tiles`)
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
@@ -155,12 +158,17 @@ def _stage1_kernel(
     gl.static_assert(BLOCK_N == 64 and D_NOPE == 512, "the V layouts are written for 64-token tiles of 512 values")
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth  # the KV as stored and TMA'd (the ring's type)
-    MMA_BITS: gl.constexpr = qn_desc.dtype.primitive_bitwidth  # the wgmma operands' type: q's
-    # the three V paths (`vpaths`), decided by the operand types
+    # the wgmma operands' type: q's, or bf16 with fp4 KV (whatever q's type: fp8 q is converted once per work)
+    mma_type: gl.constexpr = gl.bfloat16 if KV_FP4 else qn_desc.dtype
+    MMA_BITS: gl.constexpr = mma_type.primitive_bitwidth
+    Q_CONVERT: gl.constexpr = KV_FP4 and qn_desc.dtype.primitive_bitwidth == 8  # a8w4: q rows to bf16 per work
+    # the V paths (`vpaths`, `fp4tiles`), decided by the operand types
     V_IN_REGS: gl.constexpr = MMA_BITS == 8  # fp8 q and KV: Vᵀ as the PV's register operand
     V_FROM_K: gl.constexpr = MMA_BITS == 16  # 16-bit operands: the PV reads Vᵀ transposed from the K tile
-    KV_CONVERT: gl.constexpr = MMA_BITS == 16 and KV_BITS == 8  # bf16 q, fp8 KV: each tile converted to bf16 first
-    gl.static_assert(KV_BITS == MMA_BITS or KV_CONVERT, "q and KV of one type, or bf16 q with fp8 KV")
+    # bf16 q with fp8 KV, or fp4 KV: each ring tile converted to one bf16 tile first, which QK and PV read
+    KV_CONVERT: gl.constexpr = MMA_BITS == 16 and KV_BITS == 8
+    gl.static_assert(not KV_FP4 or kn_desc.dtype == gl.uint8, "fp4 KV arrives as packed code bytes (uint8)")
+    gl.static_assert(KV_BITS == MMA_BITS or KV_CONVERT, "q and KV of one type, bf16 q with fp8 KV, or fp4 KV")
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the bf16 ring needs 2 stages")
     gl.static_assert(not V_FROM_K or ABLATE == 0, "ablations are written for the fp8 path")
@@ -199,17 +207,25 @@ def _stage1_kernel(
     # a row of Pᵀ: BLOCK_N tokens of the products' type (64 B in fp8, 128 B in bf16)
     T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * MMA_BITS // 8, element_bitwidth=MMA_BITS,
                                                   rank=2)  # fmt: skip
-    mma_type: gl.constexpr = qn_desc.dtype  # the products' element type (q's): fp8, or bf16
 
-    kn_smem = gl.allocate_shared_memory(kn_desc.dtype, [NUM_STAGES, BLOCK_N, D_NOPE], kn_desc.layout)
-    kr_smem = gl.allocate_shared_memory(kr_desc.dtype, [NUM_STAGES, BLOCK_N, D_ROPE], kr_desc.layout)
-    qn_smem = gl.allocate_shared_memory(mma_type, [2, NQ, D_NOPE], qn_desc.layout)
-    qr_smem = gl.allocate_shared_memory(mma_type, [2, NQ, D_ROPE], qr_desc.layout)
+    # a ring tile as stored: D_NOPE + D_ROPE values of 8 or 16 bits, or fp4 codes two per byte
+    kn_smem = gl.allocate_shared_memory(kn_desc.dtype, [NUM_STAGES, BLOCK_N, kn_desc.block_type.shape[1]],
+                                        kn_desc.layout)  # fmt: skip
+    kr_smem = gl.allocate_shared_memory(kr_desc.dtype, [NUM_STAGES, BLOCK_N, kr_desc.block_type.shape[1]],
+                                        kr_desc.layout)  # fmt: skip
+    qn_smem = gl.allocate_shared_memory(qn_desc.dtype, [2, NQ, D_NOPE], qn_desc.layout)
+    qr_smem = gl.allocate_shared_memory(qr_desc.dtype, [2, NQ, D_ROPE], qr_desc.layout)
     p_smem = gl.allocate_shared_memory(mma_type, [2, NQ, BLOCK_N], T_LAYOUT)
-    if KV_CONVERT:  # the one bf16 tile that QK and PV read (the ring holds the fp8 codes as TMA brought them)
+    if KV_CONVERT:  # the one bf16 tile that QK and PV read (the ring holds the codes as TMA brought them)
         KB_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         kb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_NOPE], KB_LAYOUT)
         krb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_ROPE], KB_LAYOUT)
+    if KV_FP4:  # the bf16 tile as int32 words (2 values each): what the fp4 conversion stores
+        kb_words = _as_words(kb_smem, BLOCK_N, D_NOPE)
+        krb_words = _as_words(krb_smem, BLOCK_N, D_ROPE)
+    if Q_CONVERT:  # fp8 q: the one bf16 copy of the current work's q rows that the QK reads
+        qb_smem = gl.allocate_shared_memory(mma_type, [1, NQ, D_NOPE], KB_LAYOUT)
+        qrb_smem = gl.allocate_shared_memory(mma_type, [1, NQ, D_ROPE], KB_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
@@ -235,6 +251,9 @@ def _stage1_kernel(
     # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
     qk_scale = sm_scale * q_scale * v_scale * 1.4426950408889634
     offs_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+    if KV_FP4:  # the first tile's block scales, staged in shared memory (then each tile stages the next one's)
+        sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row0, n_tiles > 0, KV_ROWS, KV_FP4, BLOCK_N)
+        scn_smem, scr_smem = _scale_buffers(sc_nope, sc_rope)
 
     it = 0  # tiles consumed by this CTA (ring position and phase)
     for w in range(w_begin, w_end):
@@ -243,16 +262,30 @@ def _stage1_kernel(
         partial_loc, qo_start, kv_start, kv_end = _work_row(info)
         qb = j % 2
         mbarrier.wait(q_bar.index(qb), (j // 2) & 1)
-        if w + 1 < w_end:  # buffer (j+1) % 2 held work w-1's q, whose MMAs all completed in its epilogue
+        if w + 1 < w_end:  # buffer (j+1) % 2 held work w-1's q, whose MMAs all completed in its epilogue (fp8 q
+            # with fp4 KV: whose conversion, followed by a barrier, read it)
             _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, gl.load(info + 10), j + 1, H)  # next work's q row
-        q_nope_t = qn_smem.index(qb).permute((1, 0))  # (512, NQ): the B operand, reduction dim contiguous
-        q_rope_t = qr_smem.index(qb).permute((1, 0))
+        if Q_CONVERT:
+            # every warp past the previous work (a work without tiles has no barrier of its own: a warp could still
+            # be writing its q), then this work's q as bf16 (exact), visible to the wgmma
+            _cta_barrier()
+            zq = (j < 0).to(gl.int32)  # (0, not foldable: see kb below)
+            _convert_q(qn_smem.index(qb), qr_smem.index(qb), qb_smem.index(zq), qrb_smem.index(zq), D_NOPE, D_ROPE)
+            fence_async_shared()
+            _cta_barrier()
+            q_nope_t = qb_smem.index(zq).permute((1, 0))
+            q_rope_t = qrb_smem.index(zq).permute((1, 0))
+        else:
+            q_nope_t = qn_smem.index(qb).permute((1, 0))  # (512, NQ): the B operand, reduction dim contiguous
+            q_rope_t = qr_smem.index(qb).permute((1, 0))
 
         m_i = gl.full([NQ], float("-inf"), gl.float32, gl.SliceLayout(0, ACC))
         l_acc = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
         o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC))
         for start in range(kv_start, kv_end, BLOCK_N):
             row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
+            if KV_FP4:  # the next tile's first row: its block scales go out once this tile is converted
+                row_sc = gl.load(TILE_ROWS + t_begin + it + 1, mask=it + 1 < n_tiles, other=0)
             if V_FROM_K and not KV_CONVERT:
                 # the row of this tile's refill (tile it-1+NUM_STAGES, one tile late), loaded here so the wait hides it
                 # (loaded, not carried from the previous tile: Triton 3.6 did not carry such a variable across works)
@@ -278,11 +311,18 @@ def _stage1_kernel(
                 zero = (it < 0).to(gl.int32)
                 kb = kb_smem.index(zero)
                 krb = krb_smem.index(zero)
-                _convert_tile(kn, kb, kv_end - start, MASK_TAIL, BLOCK_N, D_NOPE)
-                _convert_tile(kr_smem.index(s), krb, BLOCK_N, False, BLOCK_N, D_ROPE)  # (rope: masked scores: no zeros)
+                if KV_FP4:  # codes x block scales (exact: `fp4tiles`)
+                    _convert_fp4_tile(kn, kr_smem.index(s), scn_smem, scr_smem, kb_words.index(zero),
+                                      krb_words.index(zero), kv_end - start, MASK_TAIL, KV_FP4, BLOCK_N,
+                                      REPORT)  # fmt: skip
+                else:
+                    _convert_tile(kn, kb, kv_end - start, MASK_TAIL, BLOCK_N, D_NOPE)
+                    _convert_tile(kr_smem.index(s), krb, BLOCK_N, False, BLOCK_N, D_ROPE)  # (rope: scores masked)
                 fence_async_shared()  # generic-proxy writes before the wgmma's async reads
                 _cta_barrier()  # every warp's part converted, and every warp done reading stage s: refill it now
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+                if KV_FP4:  # the next tile's block scales, in flight while this tile's QK and softmax run
+                    sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row_sc, it + 1 < n_tiles, KV_ROWS, KV_FP4, BLOCK_N)
                 kn = kb
             if V_IN_REGS:
                 # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and
@@ -353,6 +393,9 @@ def _stage1_kernel(
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
             if V_IN_REGS:  # PV(it) reads registers and Pᵀ, not this stage: refill it now
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+            if KV_FP4:  # (staged, not carried in registers: carried across the loops, Triton 3.6's build spilled)
+                scn_smem.store(sc_nope)
+                scr_smem.store(sc_rope)
             row_pf = row_nx
             it += 1
         o = warpgroup_mma_wait(0, deps=(o_acc,))
@@ -386,10 +429,13 @@ stage1_kernel = _stage1_kernel
 
 def make_descriptors(q2d, kv, nq: int) -> tuple:
     """TMA descriptors ``(qn, qr, kn, kr)`` of q viewed as ``(total_q·16, 576)`` and the KV rows ``(rows, 576)``
-    (both fp8, both bf16, or bf16 q with fp8 KV; contiguous): 512 nope + 64 rope dims, blocks of ``nq`` q rows and
-    `BLOCK_N` tokens."""
+    (both fp8, both bf16, or bf16 q with fp8 KV; contiguous) or ``(rows, 288)`` bytes of fp4 codes (with bf16 or fp8
+    q): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `BLOCK_N` tokens."""
+    import torch
+
     rows, d = int(kv.shape[0]), int(kv.shape[1])
-    nope, rope = 512, d - 512
+    nope, rope = 512, int(q2d.shape[1]) - 512  # value dims, rope dims (of q; of the KV unless fp4)
+    kv_nope, kv_rope = (nope // 2, rope // 2) if kv.dtype == torch.uint8 else (nope, rope)  # fp4: two per byte
 
     def layouts(bits: int) -> tuple:  # (nope, rope) shared layouts of a `bits`-bit element type
         return (
@@ -402,6 +448,8 @@ def make_descriptors(q2d, kv, nq: int) -> tuple:
     qrows = int(q2d.shape[0])
     qn = TensorDescriptor(q2d, [qrows, nope], [d, 1], [nq, nope], qn_l)
     qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d, 1], [nq, rope], qr_l)
-    kn = TensorDescriptor(kv, [rows, nope], [d, 1], [BLOCK_N, nope], kn_l)
-    kr = TensorDescriptor(kv[:, nope:], [rows, rope], [d, 1], [BLOCK_N, rope], kr_l)
+    if kv.dtype == torch.uint8:  # fp4 codes: 256 + 32 bytes a token (rope: a 32-byte swizzle)
+        kr_l = gl.NVMMASharedLayout(swizzle_byte_width=kv_rope, element_bitwidth=8, rank=2)
+    kn = TensorDescriptor(kv, [rows, kv_nope], [d, 1], [BLOCK_N, kv_nope], kn_l)
+    kr = TensorDescriptor(kv[:, kv_nope:], [rows, kv_rope], [d, 1], [BLOCK_N, kv_rope], kr_l)
     return qn, qr, kn, kr
