@@ -611,3 +611,27 @@ def test_sm90_fp4_words_view_is_the_bf16_tile_byte_for_byte(tmp_path) -> None:  
     # byte-address bit k: bf16 offset bit k - 1, int32 offset bit k - 2 (bit 1 selects the bf16 inside a word)
     assert b16[0] == (0, 1)
     assert [(row, col // 2) for row, col in b16[1:]] == b32, (b16, b32)
+
+
+@pytest.mark.parametrize(("q_dtype", "kv_dtype", "kv_cols"), [(torch.bfloat16, torch.uint8, 288),
+                                                             (torch.float8_e4m3fn, torch.uint8, 288),
+                                                             (torch.float8_e4m3fn, torch.float8_e4m3fn, 576),
+                                                             (torch.bfloat16, torch.bfloat16, 576)])  # fmt: skip
+def test_sm90_descriptors_step_each_tensor_by_its_own_row(q_dtype, kv_dtype, kv_cols) -> None:  # noqa: ANN001
+    """The TMA descriptors of q and of the KV rows each step by their own row length: q by 576 values whatever the KV
+    holds (fp4 codes are 288 bytes a token; q stepped by that, its head rows were read from the wrong places, which
+    only peaked inputs showed on the GPU), the KV by its own row, the rope boxes starting where the value dims end."""
+    pytest.importorskip("triton.experimental.gluon")
+    from mlalab.kernels.sm90.stage1 import BLOCK_N, make_descriptors
+
+    q = torch.zeros(4 * 16, 576, dtype=q_dtype)
+    kv = torch.zeros(200, kv_cols, dtype=kv_dtype)
+    qn, qr, kn, kr = make_descriptors(q, kv, 16)
+    nope = 256 if kv_dtype == torch.uint8 else 512
+    assert list(qn.strides) == list(qr.strides) == [576, 1]
+    assert list(kn.strides) == list(kr.strides) == [kv_cols, 1]
+    assert list(qn.shape) == [64, 512] and list(qr.shape) == [64, 64] and list(qn.block_shape) == [16, 512]
+    assert list(kn.shape) == [200, nope] and list(kr.shape) == [200, kv_cols - nope]
+    assert list(kn.block_shape) == [BLOCK_N, nope] and list(kr.block_shape) == [BLOCK_N, kv_cols - nope]
+    assert qr.base.data_ptr() == q.data_ptr() + 512 * q.element_size()
+    assert kr.base.data_ptr() == kv.data_ptr() + nope * kv.element_size()

@@ -336,7 +336,9 @@ def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: 
 
     Tolerances: rel-L2 5e-3 and |dLSE| 2e-3, except where fp8 wgmma's accumulation (narrower than fp32) meets peaked
     attention (a8w8 on unit-std inputs with q x 3: scores up to ~15, whose rounding the softmax amplifies; measured
-    0.5-0.6 % and 0.008 on the H200): 1e-2 for both; `lse_rtol` adds a relative part for huge LSEs."""
+    rel-L2 0.5-0.75 % and |dLSE| up to 0.008 at q_len 1 (H200) and 0.0145 at q_len 2 (H100), where a16w8 on the same
+    inputs is within 4e-6): 1e-2 and 2e-2; `lse_rtol` adds a relative part for huge LSEs. (A lost split or a wrong
+    merge moves the LSE by ln 2 or more.)"""
     dec = Decoder(p, plan, config=config)
     path, p_dtype = PATHS[p.precision.value]
     assert dec.ran == f"sm90:{path}", dec.sm90_reason
@@ -346,7 +348,7 @@ def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: 
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()  # every element written
     err = rel(out.cpu()[live], ref[live])
     loose = peaked and p.precision.value == "a8w8"
-    tol, lse_tol = (1e-2, 1e-2) if loose else (5e-3, 2e-3)
+    tol, lse_tol = (1e-2, 2e-2) if loose else (5e-3, 2e-3)
     rows = live.all(-1)
     dl = float(((lse.cpu().double() - ref_lse)[rows].abs() - lse_rtol * ref_lse[rows].abs()).max()) if rows.any() else 0
     assert err <= tol and dl <= lse_tol, (plan.planner, err, dl)
@@ -446,15 +448,16 @@ def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precisio
 @pytest.mark.parametrize("q_len", [1, 2, 4])
 def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
     """The triton backend's default plan where the sm_90 kernel runs: SMs // q_len slots, and works of one 64-token
-    tile counted in pages at page size 64 (32 requests of 16 pages make more works than requests)."""
+    tile counted in pages at page size 64 (16 requests of 16 pages make more works than requests at every q_len:
+    at q_len 4, 33 slots)."""
     from mlalab.backends.triton import make_callable
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    x = _peaked(make_inputs(DecodeCase(kv_lens=(1024,) * 32, q_len=q_len, page_size=64, permute_pages=True, seed=2,
+    x = _peaked(make_inputs(DecodeCase(kv_lens=(1024,) * 16, q_len=q_len, page_size=64, permute_pages=True, seed=2,
                                        dist="unit")).to("cuda"))  # fmt: skip
     call, info = make_callable(x, precision="a8w8")
     plan = info["plan"]
-    assert plan.num_cus == sms // q_len and plan.n_work > 32 and info["decoder"].ran == "sm90:v-regs"
+    assert plan.num_cus == sms // q_len and plan.n_work > 16 and info["decoder"].ran == "sm90:v-regs"
     out = call(0)
     ref, _ = tiled_decode(info["prepared"], plan, p_dtype=torch.float8_e4m3fn)
     assert rel(out, ref) <= 1e-2 and rel(mean_v(info["prepared"]), ref) > 0.1

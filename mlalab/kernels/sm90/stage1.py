@@ -433,8 +433,8 @@ def make_descriptors(q2d, kv, nq: int) -> tuple:
     q): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `BLOCK_N` tokens."""
     import torch
 
-    rows, d = int(kv.shape[0]), int(kv.shape[1])
-    nope, rope = 512, int(q2d.shape[1]) - 512  # value dims, rope dims (of q; of the KV unless fp4)
+    rows, d_kv, d_q = int(kv.shape[0]), int(kv.shape[1]), int(q2d.shape[1])  # (row strides: fp4 KV rows are 288 B)
+    nope, rope = 512, d_q - 512  # value dims, rope dims (of q; of the KV unless fp4)
     kv_nope, kv_rope = (nope // 2, rope // 2) if kv.dtype == torch.uint8 else (nope, rope)  # fp4: two per byte
 
     def layouts(bits: int) -> tuple:  # (nope, rope) shared layouts of a `bits`-bit element type
@@ -446,10 +446,10 @@ def make_descriptors(q2d, kv, nq: int) -> tuple:
     qn_l, qr_l = layouts(q2d.element_size() * 8)
     kn_l, kr_l = layouts(kv.element_size() * 8)
     qrows = int(q2d.shape[0])
-    qn = TensorDescriptor(q2d, [qrows, nope], [d, 1], [nq, nope], qn_l)
-    qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d, 1], [nq, rope], qr_l)
+    qn = TensorDescriptor(q2d, [qrows, nope], [d_q, 1], [nq, nope], qn_l)
+    qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d_q, 1], [nq, rope], qr_l)
     if kv.dtype == torch.uint8:  # fp4 codes: 256 + 32 bytes a token (rope: a 32-byte swizzle)
         kr_l = gl.NVMMASharedLayout(swizzle_byte_width=kv_rope, element_bitwidth=8, rank=2)
-    kn = TensorDescriptor(kv, [rows, kv_nope], [d, 1], [BLOCK_N, kv_nope], kn_l)
-    kr = TensorDescriptor(kv[:, kv_nope:], [rows, kv_rope], [d, 1], [BLOCK_N, kv_rope], kr_l)
+    kn = TensorDescriptor(kv, [rows, kv_nope], [d_kv, 1], [BLOCK_N, kv_nope], kn_l)
+    kr = TensorDescriptor(kv[:, kv_nope:], [rows, kv_rope], [d_kv, 1], [BLOCK_N, kv_rope], kr_l)
     return qn, qr, kn, kr
