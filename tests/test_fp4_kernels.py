@@ -395,9 +395,9 @@ def _check_sm90_fp4(p, plan, clean=None, *, peaked: bool) -> float:  # noqa: ANN
     rel-L2."""
     from oracles import mean_v, rel, tiled_decode
 
-    from mlalab.kernels import Decoder
+    from mlalab.kernels import Decoder, KernelConfig
 
-    dec = Decoder(p, plan)
+    dec = Decoder(p, plan, config=KernelConfig(kernel="sm90"))
     assert dec.ran == "sm90:v-fp4", dec.sm90_reason
     out, lse = _poisoned(dec)
     ref, ref_lse = tiled_decode(p if clean is None else clean, plan, p_dtype=torch.bfloat16)
@@ -531,7 +531,11 @@ def test_gpu_sm90_fp4_tile_holds_the_exact_values_of_every_code_and_scale(precis
         sc = ok[(rows * 3 + torch.arange(36)[None, :]) % len(ok)]
     scales = sc.to(torch.uint8).view(p.kv_scales.dtype)
     q = dataclasses.replace(p, kv=codes.cuda(), kv_scales=scales.cuda())
-    dec = Decoder(q, build_plan(x, "simple", 132))
+    from mlalab.kernels import KernelConfig
+    from mlalab.kernels.sm90.host import FP4_PENDING
+
+    assert Decoder(q, build_plan(x, "simple", 132)).sm90_reason == FP4_PENDING  # kernel "auto": portable for now
+    dec = Decoder(q, build_plan(x, "simple", 132), config=KernelConfig(kernel="sm90"))
     assert dec.ran == "sm90:v-fp4", dec.sm90_reason
     out, _ = _poisoned(dec)
     g = float(p.kv_scale.cpu()[0])
