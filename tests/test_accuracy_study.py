@@ -305,7 +305,9 @@ def test_gpu_evaluation_equals_the_cpu() -> None:
     cases = [DecodeCase.uniform(4, 1024, dist=d) for d in ("competition", "unit", "outliers", "heavy-tail")]
     qs, kvs = concrete_names(Q_SCHEMES), concrete_names(KV_SCHEMES)
     res = device_agreement(cases, qs, kvs, ["e4m3fn", "e4m3fnuz"], device="cuda")
-    assert res.agree.all() and res.max_rel_diff.max() <= AGREEMENT_RTOL, res
+    # (on failure: where each case differs, whole; a DataFrame's repr cuts these columns)
+    why = res[["case", "failed_rows", "max_rel_diff", "worst_column", "text_columns_equal"]].to_string()
+    assert res.agree.all() and res.max_rel_diff.max() <= AGREEMENT_RTOL, why
     assert torch.cuda.is_available()
 
 
