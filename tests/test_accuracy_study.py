@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -295,6 +296,24 @@ def test_kill_9_midway_then_rerun_equals_an_uninterrupted_run(tmp_path: Path) ->
         progress=False,
     )
     _same(final, whole)
+
+
+def test_tables_agree_to_the_scale_of_what_each_error_measures(serial: pd.DataFrame) -> None:
+    """Two fp64 evaluations agree when their results do: an error column is compared in the units of its quantity
+    (an exact scheme's LSE error, 0.0 on one device, 1e-15 on another, is noise), any other column relative to
+    itself; a real difference in any of them is still a disagreement."""
+    b = serial.copy()
+    exact = (b.q_scheme == "bf16") & (b.kv_scheme == "bf16")
+    b.loc[exact, "lse_max_abs_err"] += 1e-15
+    b["rel_l2"] += 1e-16
+    b["max_abs"] += 1e-15 * b["ref_max_abs"]
+    b["sqnr_db"] = -20 * np.log10(b["rel_l2"])
+    assert compare_tables(serial, b).max_rel_diff.max() <= AGREEMENT_RTOL
+    for col, bump in (("rel_l2", 1e-10), ("lse_max_abs_err", 1e-10), ("ref_rms", 1e-11), ("sqnr_db", 1e-6)):
+        c = serial.copy()
+        c.loc[c.index[1], col] += bump
+        cmp = compare_tables(serial, c)
+        assert cmp.max_rel_diff.max() > AGREEMENT_RTOL and cmp.worst_column.iloc[1] == col, col
 
 
 @pytest.mark.gpu

@@ -19,9 +19,21 @@ from .grid import Grid, Task, failed_row
 from .metrics import DEFAULT_TOLERANCES, check_device
 from .store import ResultStore, _normalise, check_output_path, save_table
 
-__all__ = ["sweep", "device_agreement", "AGREEMENT_RTOL", "compare_tables"]
+__all__ = ["sweep", "device_agreement", "AGREEMENT_RTOL", "ERROR_SCALES", "compare_tables"]
 
 AGREEMENT_RTOL = 1e-12  # CPU and GPU fp64 evaluations must agree to this relative difference
+#: Error columns, compared in the units of what they measure rather than relative to themselves: fp64 results that
+#: agree to 1e-12 give errors that agree to 1e-12 of the quantity's scale, and an error near zero (an exact scheme's
+#: LSE error is 0.0 on one device and 1e-15 on another) is pure rounding noise relative to itself. The value names
+#: the row's column holding the scale, or 1.0 for dimensionless errors (relative to the reference) and LSE units.
+ERROR_SCALES: dict[str, str | float] = {
+    "max_abs": "ref_max_abs",
+    "rel_l2": 1.0,
+    "max_abs_over_ref_rms": 1.0,
+    "lse_max_abs_err": 1.0,
+    "meanv_rel_l2": 1.0,
+    "halfkv_rel_l2": 1.0,
+}
 #: Columns that describe the run, not the result (excluded when comparing tables).
 RUN_COLUMNS = ("run_id", "eval_seconds", "device", "torch_version")
 
@@ -153,10 +165,25 @@ def _records(task: Task, res: list[dict[str, Any]] | BaseException) -> list[dict
     return [failed_row(r, k, err) for r, k in zip(task.rows, task.keys)]
 
 
+def _column_diff(c: str, x: float, y: float, row: pd.Series) -> float:
+    """Relative difference of one result column between two evaluations of the same row (0.0 when equal)."""
+    if (math.isnan(x) and math.isnan(y)) or x == y:
+        return 0.0
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return math.inf
+    if c == "sqnr_db":  # compared as the rel-L2 it is computed from
+        return _column_diff("rel_l2", 10 ** (-x / 20), 10 ** (-y / 20), row)
+    scale = ERROR_SCALES.get(c, 0.0)
+    if isinstance(scale, str):
+        scale = abs(float(row[scale]))
+    return abs(x - y) / max(abs(x), abs(y), scale)
+
+
 def compare_tables(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Row-by-row comparison of two sweep tables over their result columns: per row_key, the largest relative
-    difference ``|x - y| / max(|x|, |y|)`` of any numeric column (NaN == NaN, inf == inf), that column, and whether
-    the text columns agree. Raises if the tables do not hold the same keys."""
+    difference ``|x - y| / max(|x|, |y|)`` of any numeric column (NaN == NaN, inf == inf; error columns measured
+    against their quantity's scale, `ERROR_SCALES`; SQNR through its rel-L2), that column, and whether the text
+    columns agree. Raises if the tables do not hold the same keys."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, pd.DataFrame) or "row_key" not in t:
             raise ValueError(f"{name} must be a sweep table (a DataFrame with a row_key column)")
@@ -168,14 +195,11 @@ def compare_tables(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key in aa.index:
         worst, where, text_ok = 0.0, "", True
+        ra = aa.loc[key]
         for c in cols:
             x, y = aa.at[key, c], bb.at[key, c]
             if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
-                x, y = float(x), float(y)
-                if (math.isnan(x) and math.isnan(y)) or x == y:
-                    continue
-                den = max(abs(x), abs(y))
-                d = math.inf if not (math.isfinite(x) and math.isfinite(y)) else abs(x - y) / den
+                d = _column_diff(c, float(x), float(y), ra)
                 if d > worst:
                     worst, where = d, c
             elif str(x) != str(y):
