@@ -224,3 +224,20 @@ def test_format_limits_match_ml_dtypes(name: str) -> None:
     f, fi = FP8_FORMATS[name], ml_dtypes.finfo(ML[name])
     assert f.min_normal == float(fi.smallest_normal) and f.min_subnormal == float(fi.smallest_subnormal)
     assert math.isnan(float(np.array([f.nan_code], np.uint8).view(ML[name])[0]))
+
+
+def test_true_div_rounds_once_where_a_reciprocal_multiply_does_not() -> None:
+    """`true_div` is the IEEE quotient (what the CPU's tensor division gives; PyTorch on CUDA would multiply a Python
+    divisor's reciprocal in): on bf16 amaxes over 240, 448 and 6 the reciprocal product differs from it in the last
+    bit for some inputs, which moves fp8 scales and codes between devices."""
+    from mlalab.quant.formats import true_div
+
+    x = torch.arange(1, 1 << 15, dtype=torch.int32).view(torch.bfloat16).float()
+    x = x[torch.isfinite(x) & (x > 0)]
+    for d in (240.0, 448.0, 6.0, 448.0 * 6.0):
+        exact = (x.double() / d).float()  # the correctly rounded quotient (d's odd part is small: no double rounding)
+        assert torch.equal(true_div(x, d), exact), d
+        recip = x * torch.tensor(1.0 / d, dtype=torch.float32)
+        assert not torch.equal(recip, exact), d  # the formulation true_div avoids is really different
+    b = x.to(torch.bfloat16)
+    assert torch.equal(true_div(b, 240.0), (b.double() / 240.0).to(torch.bfloat16))

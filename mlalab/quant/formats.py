@@ -22,6 +22,7 @@ from ..checks import check_tensor
 
 __all__ = [
     "tensor_amax",
+    "true_div",
     "to_float32_exact_for_rounding",
     "Fp8Format",
     "FP8_FORMATS",
@@ -98,6 +99,13 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     all empty), so a scale computed from it is the amax floor's, like an all-zero tensor's, instead of torch's error
     on an empty reduction."""
     return x.abs().amax() if x.numel() else torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def true_div(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor, one IEEE rounding in x's dtype on every device. (PyTorch on CUDA divides by a Python number by
+    multiplying with its rounded reciprocal: a second rounding that moves a scale like amax / 240 by one ulp, so the
+    GPU's fp8 codes would differ from the CPU's. A tensor divisor keeps the true division.)"""
+    return x / torch.tensor(divisor, dtype=x.dtype, device=x.device)
 
 
 def to_float32_exact_for_rounding(x: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from .formats import (
     e8m0_to_float,
     pack_e2m1,
     tensor_amax,
+    true_div,
     to_float32_exact_for_rounding,
     unpack_e2m1,
 )
@@ -103,7 +104,7 @@ def mx_scale_exponent(amax: torch.Tensor, rule: str | MxScaleRule) -> torch.Tens
         e = biased - 127 - _E2M1_EMAX
         e = torch.where(biased == 0xFF, 127, torch.where(biased == 0, -127, e))  # log2(inf) / log2(0), clamped
     else:
-        y = a / E2M1_MAX  # fp32 division, as the kernels do
+        y = true_div(a, E2M1_MAX)  # fp32 division, as the kernels do
         m, k = torch.frexp(y)
         e = torch.where(m == 0.5, k - 1, k).to(torch.int32)  # ceil(log2 y), exact
     e = torch.where(zero, torch.full_like(e, -127), e)
@@ -161,9 +162,9 @@ def nvfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     global scale 1 and zero codes."""
     xb = _blocks("x", x, NVFP4_BLOCK)
     amax = tensor_amax(xb)  # (an empty tensor: 0, like an all-zero one)
-    g = (amax / (448.0 * E2M1_MAX)) if float(amax) > 0 else torch.ones((), device=x.device)
+    g = true_div(amax, 448.0 * E2M1_MAX) if float(amax) > 0 else torch.ones((), device=x.device)
     g = g.reshape(1).float()
-    block_scale = xb.abs().amax(-1) / E2M1_MAX / g
+    block_scale = true_div(xb.abs().amax(-1), E2M1_MAX) / g
     s8 = block_scale.clamp(min=torch.finfo(torch.float8_e4m3fn).tiny, max=448.0).to(torch.float8_e4m3fn)
     total = s8.float() * g
     v = (xb / total.unsqueeze(-1)).clamp(-E2M1_MAX, E2M1_MAX)

@@ -30,7 +30,7 @@ import torch
 
 from ..checks import check_tensor
 from ..config import MLA
-from .formats import E2M1Rounding, Fp8Format, Overflow, encode_fp8, get_fp8_format, tensor_amax
+from .formats import E2M1Rounding, Fp8Format, Overflow, encode_fp8, get_fp8_format, tensor_amax, true_div
 from .mx import MxScaleRule, mxfp4_fake_quant, nvfp4_fake_quant
 
 __all__ = [
@@ -99,7 +99,7 @@ def _group_amax(xf: torch.Tensor, g: Granularity, block: int) -> torch.Tensor:
 
 def fp8_scale(amax: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
     """amax / fp8_max in float32 with the amax floor (the scale that maps the group's amax onto fp8_max)."""
-    return amax.float().clamp(min=AMAX_FLOOR) / fmt.max
+    return true_div(amax.float().clamp(min=AMAX_FLOOR), fmt.max)
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def _padded_blocks(xf: torch.Tensor, block: int) -> torch.Tensor:
 def _bf16_scale(x: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
     xb = x.to(torch.bfloat16)
     amax = tensor_amax(xb).clamp(min=AMAX_FLOOR)  # bf16
-    return (amax / fmt.max).to(torch.float32).reshape(1)  # bf16 division, then exact widening
+    return true_div(amax, fmt.max).to(torch.float32).reshape(1)  # bf16 division, then exact widening
 
 
 def quantize_fp8_per_tensor(
@@ -241,7 +241,7 @@ def quantize_fp8_per_tensor(
     if math == "bf16":
         xb = x.to(torch.bfloat16)
         amax = tensor_amax(xb).clamp(min=AMAX_FLOOR)
-        scale = amax / f.max  # bf16
+        scale = true_div(amax, f.max)  # bf16
         v = (xb / scale).clamp(min=-f.max, max=f.max)  # bf16 division and clamp, as the reference does
         return encode_fp8(v, f, "saturate"), scale.to(torch.float32).reshape(1)
     scale = fp8_scale(tensor_amax(x.float()), f).reshape(1)
@@ -269,7 +269,7 @@ class FlashMLAV32Scheme:
             raise ValueError(f"{self.name} needs rows of {D} dims (512 NoPE + 64 RoPE), got {xf.shape[-1]}")
         _check_finite_for_scale(xf, self.name)
         nope = xf[..., : self.nope].reshape(*xf.shape[:-1], self.nope // self.tile, self.tile)
-        r = (nope.abs().amax(-1, keepdim=True) / self.fmt.max).clamp(min=self.amax_floor)
+        r = true_div(nope.abs().amax(-1, keepdim=True), self.fmt.max).clamp(min=self.amax_floor)
         m, k = torch.frexp(r)
         s = torch.ldexp(torch.ones_like(r), torch.where(m == 0.5, k - 1, k))  # 2**ceil(log2 r), exact
         deq = (encode_fp8(nope / s, self.fmt).float() * s).flatten(-2)
