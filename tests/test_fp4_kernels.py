@@ -531,11 +531,7 @@ def test_gpu_sm90_fp4_tile_holds_the_exact_values_of_every_code_and_scale(precis
         sc = ok[(rows * 3 + torch.arange(36)[None, :]) % len(ok)]
     scales = sc.to(torch.uint8).view(p.kv_scales.dtype)
     q = dataclasses.replace(p, kv=codes.cuda(), kv_scales=scales.cuda())
-    from mlalab.kernels import KernelConfig
-    from mlalab.kernels.sm90.host import FP4_PENDING
-
-    assert Decoder(q, build_plan(x, "simple", 132)).sm90_reason == FP4_PENDING  # kernel "auto": portable for now
-    dec = Decoder(q, build_plan(x, "simple", 132), config=KernelConfig(kernel="sm90"))
+    dec = Decoder(q, build_plan(x, "simple", 132))  # kernel "auto" takes the sm_90 fp4 path
     assert dec.ran == "sm90:v-fp4", dec.sm90_reason
     out, _ = _poisoned(dec)
     g = float(p.kv_scale.cpu()[0])

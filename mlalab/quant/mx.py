@@ -26,8 +26,8 @@ from .formats import (
     e8m0_to_float,
     pack_e2m1,
     tensor_amax,
-    true_div,
     to_float32_exact_for_rounding,
+    true_div,
     unpack_e2m1,
 )
 

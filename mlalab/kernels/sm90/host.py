@@ -15,19 +15,13 @@ from ...config import MLA
 from ...quant.precision import Precision
 from ..prepare import PreparedInputs
 
-__all__ = ["PATHS", "FP4_PENDING", "RING", "FIRST_BURST", "INFO_COLS", "unsupported", "import_error", "row_passes",
+__all__ = ["PATHS", "RING", "FIRST_BURST", "INFO_COLS", "unsupported", "import_error", "row_passes",
            "tile_stream", "cta_info", "first_burst", "Sm90Stage1"]  # fmt: skip
 
 #: The path each precision takes through stage 1 (`vpaths`): how V reaches the value product.
 PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v-conv",
          **dict.fromkeys((Precision.A16W4_MXFP4, Precision.A8W4_MXFP4, Precision.A16W4_NVFP4, Precision.A8W4_NVFP4),
                          "v-fp4")}  # fmt: skip
-
-#: Why kernel "auto" leaves fp4 KV on the portable kernel: the ``v-fp4`` path compiles and passes its CPU tests, but
-#: its GPU tests have not yet passed since the fix of q's descriptor stride (data/gpu_tests/
-#: h100_2026-12-05_pytest_fp4_before_q_stride_fix.log). ``kernel="sm90"`` runs it.
-FP4_PENDING = ("the sm_90 fp4 path runs only when asked for (kernel='sm90') until its GPU tests pass "
-               "(tests/test_fp4_kernels.py -m gpu)")  # fmt: skip
 
 #: The TMA ring of each path, in 64-token tiles: 3 fp8 tiles (36 KB each); 2 bf16 tiles (72 KB each, all that fits
 #: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile; 3 tiles of fp4 codes
@@ -54,15 +48,19 @@ def import_error() -> str | None:
     return None
 
 
-def unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_exact: bool = False,
-                out_dtype: torch.dtype = torch.bfloat16, p_fp8: bool = True,
-                asked: bool = False) -> str | None:  # fmt: skip
+def unsupported(
+    prepared: PreparedInputs,
+    work_info: torch.Tensor | None,
+    *,
+    pv_exact: bool = False,
+    out_dtype: torch.dtype = torch.bfloat16,
+    p_fp8: bool = True,
+) -> str | None:
     """Why the sm_90 kernel cannot run these inputs and plan (None when it can): first what the inputs ask for, then
     what this machine lacks. `work_info`: the plan's works in tokens (`mlalab.kernels.decoder.token_work_info`), or
     None before any plan exists (no plan can make the inputs runnable or not today: any q rows per work run, as
     `row_passes`). The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask
-    it. `asked`: the caller asked for this kernel by name (``kernel="sm90"``); the fp4 path runs only then, until its
-    GPU tests have passed (`FP4_PENDING`)."""
+    it."""
     if prepared.spec.kv_fp4:
         expect = (prepared.kv.shape[0], MLA.qk_dim // (32 if prepared.spec.kv_format == "mxfp4" else 16))
         if (prepared.kv.dtype != torch.uint8 or prepared.kv.shape[-1] != MLA.qk_dim // 2 or prepared.kv_scales is None
@@ -87,8 +85,6 @@ def unsupported(prepared: PreparedInputs, work_info: torch.Tensor | None, *, pv_
         return "needs an NVIDIA GPU"
     if torch.cuda.get_device_capability(dev) != (9, 0):
         return f"needs compute capability 9.0 (Hopper), this GPU has {torch.cuda.get_device_capability(dev)}"
-    if prepared.spec.kv_fp4 and not asked:
-        return FP4_PENDING
     return import_error()
 
 
