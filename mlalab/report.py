@@ -259,8 +259,9 @@ def section_experiment_details(opts: ReportOptions) -> Section:
 def section_frontier(opts: ReportOptions) -> Section:
     key, title = "frontier", "Precision frontier: time vs accuracy per precision"
     desc = (
-        f"Every precision the GPU kernels run at batch {opts.batch} × kv_len {opts.kv_len}: µs from the recorded H200 "
-        "run (data/timings) against the rel-L2 error computed now on the CPU (competition inputs, fp64 reference). "
+        f"Every precision the GPU kernels run at batch {opts.batch} × kv_len {opts.kv_len}: µs from the newest "
+        "recorded run that times every precision (data/timings; the figure names its file and GPU) against the "
+        "rel-L2 error computed now on the CPU (competition inputs, fp64 reference). "
         "Precisions without a recorded time (fp4 KV) are open markers at their bandwidth floor (bytes per call / "
         "the run's copy bandwidth): not measured, a lower bound. Solid line: the frontier of the measured points."
     )

@@ -11,6 +11,7 @@ from mlalab.accuracy import PRESETS
 from mlalab.accuracy.frontier import (
     PRECISION_SCHEMES,
     as_check,
+    frontier_run,
     frontier_table,
     pareto_mask,
     precision_schemes,
@@ -53,10 +54,18 @@ def test_pareto_mask() -> None:
         pareto_mask([1], [1, 2])
 
 
-def test_times_are_recorded_medians_or_marked_floors() -> None:
-    t = recorded_times(128, 8192)
-    view = recorded_view(load_recorded())
+FULL_RUN = "h100_2026-12-05_run19.csv"  # the newest full run timing every precision (fp4 KV included)
+OLD_RUN = "h200_2026-12-04_run18.csv"  # a full run without fp4 KV
+
+
+@pytest.mark.parametrize(("run", "floors"), [(None, set()), (OLD_RUN, {p for p in PRECISION_SCHEMES if "w4" in p})])
+def test_times_are_recorded_medians_or_marked_floors(run: str | None, floors: set[str]) -> None:
+    df = load_recorded()
+    assert frontier_run(df) == FULL_RUN
+    t = recorded_times(128, 8192, run=run)
+    view = recorded_view(df, run=run or FULL_RUN)
     rows = view.rows[(view.rows.backend == "triton") & (view.rows.batch == 128) & (view.rows.kv_len == 8192)]
+    assert (t["run"] == (run or FULL_RUN)).all() and (t["gpu"] == rows["gpu"].iloc[0]).all()
     for _, r in t.iterrows():
         assert r["bytes"] == call_bytes(128, 8192, r["precision"])
         rec = rows[rows.precision == r["precision"]]
@@ -65,8 +74,8 @@ def test_times_are_recorded_medians_or_marked_floors() -> None:
             assert r["floor_us"] == pytest.approx(float(rec.floor_us.iloc[0]), rel=1e-6)  # the run's own floor
         else:
             assert r["time_kind"] == "floor" and r["us"] == r["floor_us"]
-    assert set(t.loc[t.time_kind == "floor", "precision"]) == {p for p in PRECISION_SCHEMES if "w4" in p}
-    batch256 = recorded_times(256, 8192)  # not in the recorded run: every point is a floor
+    assert set(t.loc[t.time_kind == "floor", "precision"]) == floors
+    batch256 = recorded_times(256, 8192, run=run)  # not in the recorded run: every point is a floor
     assert (batch256.time_kind == "floor").all()
 
 
@@ -83,8 +92,12 @@ def test_table_frontier_and_figures(table: pd.DataFrame) -> None:
     assert 0.08 < mx < 0.14  # mxfp4-aiter ~11 % at the competition inputs
     fig = frontier_figure(table)
     names = [t.name for t in fig.data if t.mode == "markers"]
+    assert not [n for n in names if FLOOR_LABEL in n] and FULL_RUN in fig.layout.title.text  # every point measured
+    old = frontier_table(4, 1024, run=OLD_RUN)
+    names = [t.name for t in frontier_figure(old).data if t.mode == "markers"]
     assert sorted(n for n in names if FLOOR_LABEL in n) == sorted(f"{p} ({FLOOR_LABEL})" for p in PRECISION_SCHEMES
                                                                   if "w4" in p)  # fmt: skip
+    assert not old.loc[old.time_kind == "floor", "on_frontier:rel_l2"].any()  # floors never on the measured frontier
     assert len(bytes_floor_figure(table).data[0].y) == len(PRECISIONS)
     with pytest.raises(ValueError, match="metric must be one of"):
         frontier_figure(table, "sqnr")
@@ -104,9 +117,8 @@ def test_panel_switches_preset_and_says_what_is_not_measured() -> None:
     from mlalab.widgets.frontier import frontier_panel
 
     p = frontier_panel()
-    assert "Not measured, drawn at their bandwidth floor: a16w4-mxfp4, a8w4-mxfp4, a16w4-nvfp4, a8w4-nvfp4" in (
-        p.message.value
-    )
+    assert f"Times: {FULL_RUN} (recorded on NVIDIA H100 80GB HBM3" in p.message.value
+    assert "Not measured, drawn at their bandwidth floor: none" in p.message.value
     p.preset.value = "mixed-mla-2026"
     assert [v for _, v in p.shape.options] == list(PRESETS["mixed-mla-2026"].shapes)
     assert p.df.attrs["accuracy_case"] == "B4-L1024-q1-unit-s4217" and "up to 5 %" in p.message.value

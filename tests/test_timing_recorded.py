@@ -33,7 +33,7 @@ def test_recorded_csvs_have_the_schema_and_the_competition_suite() -> None:
     assert list(df.columns[: len(CSV_COLUMNS)]) == CSV_COLUMNS
     for be, prec in [("triton", "a8w8"), ("flashmla", "a8w8"), ("flashinfer", "bf16")]:
         d = best_per_shape(df, be, prec)
-        assert sorted(zip(d["batch"], d["kv_len"])) == sorted(COMPETITION_SHAPES)
+        assert set(COMPETITION_SHAPES) <= set(zip(d["batch"], d["kv_len"]))  # (and the 2026 grid's batch 256)
         assert (d["us_median"] >= d["floor_us"] * 0.9).all()  # nothing faster than the copy bandwidth allows
 
 

@@ -18,7 +18,9 @@ from mlalab.plan import WorkPlan, indptrs_for, make_plan
 from mlalab.plots.timing import BF16_MATMUL_ROOF_TFLOPS, ROOF_SOURCE, bars_per_shape, roofline_figure
 from mlalab.records.schema import CSV_COLUMNS, TimingRecord, config_cell, is_default_config, parse_config, write_csv
 from mlalab.records.timings import (
+    REFERENCE_GPU,
     default_run,
+    full_runs,
     headline,
     load_recorded,
     plan_check,
@@ -32,7 +34,8 @@ from mlalab.traffic import decode_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
-NEWEST_RUN = "h200_2026-12-04_run18.csv"  # the newest full run: the default view
+NEWEST_RUN = "h200_2026-12-04_run18.csv"  # the newest full run on the reference GPU: the default view
+H100_RUN = "h100_2026-12-05_run19.csv"  # a newer full run on another GPU
 
 
 def _cell(plan: WorkPlan, **knobs: object) -> str:
@@ -78,7 +81,8 @@ def test_default_view_is_one_run_one_config_per_shape() -> None:
     assert sorted(zip(tri["batch"], tri["kv_len"])) == sorted(COMPETITION_SHAPES)
     # best of N over every file is faster somewhere (an older run at some shape: run noise), and says which run
     b = recorded_view(df, best_of_all=True)
-    assert "best of" in b.label and len(b.files) == len(set(df["run"]))
+    h200 = set(df.loc[df["gpu"] == REFERENCE_GPU, "run"])
+    assert "best of" in b.label and set(b.files) == h200 and (b.rows["gpu"] == REFERENCE_GPU).all()
     bt = b.rows[(b.rows["backend"] == "triton") & (b.rows["precision"] == "a8w8")].set_index(["batch", "kv_len"])
     one = tri.set_index(["batch", "kv_len"])
     assert all((bt["us_median"] <= one.loc[bt.index, "us_median"]).tolist())  # never slower than the one run
@@ -98,6 +102,23 @@ def test_default_view_is_one_run_one_config_per_shape() -> None:
         default_run(df[df["run"] == "h200_2026-12-02_sweep_dchunk.csv"])
     with pytest.raises(TypeError, match="df"):
         recorded_view([1, 2])  # type: ignore[arg-type]
+
+
+def test_views_never_mix_gpus() -> None:
+    """A newer full run on another GPU (the H100's run 19) is not the default view; it is shown when named; best of
+    all reads one GPU's runs; a GPU without records is a clear error."""
+    df = load_recorded()
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert H100_RUN in [r for r, g in full_runs(df) if g == h100]  # a full run, and newer than run 18
+    assert default_run(df) == NEWEST_RUN and default_run(df, h100) == H100_RUN
+    assert recorded_view(df, gpu=h100).files == (H100_RUN,)
+    assert recorded_view(df, run=H100_RUN).files == (H100_RUN,)  # a named run, whatever its GPU
+    b = recorded_view(df, best_of_all=True, gpu=h100)
+    assert (b.rows["gpu"] == h100).all() and all(f.startswith("h100_") for f in b.files) and h100 in b.label
+    with pytest.raises(ValueError, match="gpu 'NVIDIA B200' has no records"):
+        recorded_view(df, best_of_all=True, gpu="NVIDIA B200")
+    with pytest.raises(ValueError, match="no full suite run on NVIDIA B200"):
+        default_run(df, "NVIDIA B200")
 
 
 def test_default_config_rule() -> None:

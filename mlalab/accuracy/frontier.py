@@ -1,8 +1,9 @@
 """The precision frontier: every precision the GPU kernels run (`mlalab.quant.precision.PRECISIONS`) as one point of
 time against accuracy at one shape, and which points are not dominated.
 
-Time: the recorded H200 run's µs for the shape (`mlalab.records.timings`, Triton at its default configuration, the
-run's own copy bandwidth). A precision without a recording there (the fp4-KV ones: no H200 timing yet) is placed at
+Time: a recorded run's µs for the shape (`mlalab.records.timings`, Triton at its default configuration, the run's own
+copy bandwidth): by default `frontier_run`, the newest full suite run that times every precision (on whichever GPU it
+was made: the table names the run and its GPU). A precision without a recording in the run is placed at
 its **bandwidth floor** — the bytes of one call at that precision (`mlalab.timing.call_bytes`: KV bytes per token from
 the precision table × tokens, plus q and the bf16 output) over the run's measured copy bandwidth — and marked
 ``time_kind = "floor"``: a lower bound, never a measurement.
@@ -27,7 +28,7 @@ import pandas as pd
 
 from ..config import DecodeCase
 from ..quant.precision import PRECISIONS, get_precision
-from ..records.timings import TIMINGS_DIR, load_recorded, recorded_view
+from ..records.timings import TIMINGS_DIR, full_runs, load_recorded, recorded_view
 from ..timing import call_bytes, rate_columns
 from .metrics import NamedCheck, check_columns, evaluate_prepared, get_check, prepare
 from .presets import CompetitionPreset, get_preset
@@ -39,6 +40,7 @@ __all__ = [
     "precision_schemes",
     "as_check",
     "pareto_mask",
+    "frontier_run",
     "recorded_times",
     "frontier_table",
 ]
@@ -94,13 +96,28 @@ def pareto_mask(times: Sequence[float], errors: Sequence[float]) -> list[bool]:
     return out
 
 
+def frontier_run(df: pd.DataFrame) -> str:
+    """The run a frontier reads by default: the newest full suite run (`full_runs`, any GPU) whose default Triton rows
+    time every precision of the precision table; else the newest full run of any GPU (the missing precisions then sit
+    at their floors)."""
+    runs = full_runs(df)
+    if not runs:
+        raise ValueError("no full suite run recorded (see mlalab.records.timings.full_runs)")
+    want = {str(p) for p in PRECISIONS}
+    rows = {r: recorded_view(df, run=r).rows for r, _ in runs}
+    complete = [r for r, _ in runs if want <= set(rows[r].loc[rows[r]["backend"] == "triton", "precision"])]
+    return (complete or [r for r, _ in runs])[-1]
+
+
 def recorded_times(batch: int, kv_len: int, *, run: str | None = None, data_dir: str = TIMINGS_DIR) -> pd.DataFrame:
-    """Per precision: µs at (batch, kv_len) from the recorded run (`recorded_view`: `run`, else the newest full
-    suite run; Triton at its default configuration), or the bandwidth floor where it has none. Columns: precision,
-    bytes, floor_us, us, time_kind ("measured" | "floor"), copy_tbps, run."""
-    view = recorded_view(load_recorded(data_dir), run=run)
+    """Per precision: µs at (batch, kv_len) from a recorded run (`recorded_view` of `run`, else of `frontier_run`;
+    Triton at its default configuration), or the bandwidth floor where it has none. Columns: precision, bytes,
+    floor_us, us, time_kind ("measured" | "floor"), copy_tbps, run, gpu."""
+    df = load_recorded(data_dir)
+    view = recorded_view(df, run=frontier_run(df) if run is None else run)
     (file,) = view.files
     rows = view.rows[view.rows["backend"] == "triton"]
+    gpu = str(rows["gpu"].iloc[0]) if "gpu" in rows and len(rows) else "unknown GPU"
     copy = float(rows["copy_tbps"].median())  # one run, one copy-bandwidth measurement
     out = []
     for p in PRECISIONS:
@@ -117,6 +134,7 @@ def recorded_times(batch: int, kv_len: int, *, run: str | None = None, data_dir:
                 "time_kind": kind,
                 "copy_tbps": copy,
                 "run": file,
+                "gpu": gpu,
             }
         )
     return pd.DataFrame(out)
@@ -183,6 +201,7 @@ def frontier_table(
             "preset": pr.name,
             "check": check.describe(),
             "run": str(df["run"].iloc[0]),
+            "gpu": str(df["gpu"].iloc[0]),
             "capped": acc_batch < batch,
         }
     )

@@ -54,7 +54,7 @@ def frontier_figure(df: pd.DataFrame, metric: str = "rel_l2", *, title: str | No
             )
     for _, r in df.iterrows():
         floor = r["time_kind"] != "measured"
-        what = FLOOR_LABEL if floor else "measured (recorded H200 run)"
+        what = FLOOR_LABEL if floor else f"measured (recorded on {r['gpu']})"
         fig.add_scatter(
             x=[r["us"]],
             y=[r[metric]],
@@ -71,7 +71,8 @@ def frontier_figure(df: pd.DataFrame, metric: str = "rel_l2", *, title: str | No
             f"{metric} %{{y:.3g}}<extra></extra>",
         )
     shape = df.attrs.get("shape")
-    default = f"Time vs accuracy per precision — B{shape[0]} × L{shape[1]}" if shape else "Time vs accuracy"
+    where = f" ({df.attrs['run']}, {df.attrs['gpu']})" if "run" in df.attrs and "gpu" in df.attrs else ""
+    default = (f"Time vs accuracy per precision — B{shape[0]} × L{shape[1]}" if shape else "Time vs accuracy") + where
     fig.update_layout(
         title=title or default,
         height=520,

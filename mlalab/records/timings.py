@@ -24,12 +24,17 @@ from .schema import ACCURACY_PENDING, CSV_COLUMNS, DATA_ROOT, is_default_config,
 __all__ = ["TIMINGS_DIR", "DEFAULT_PLANNER", "load_recorded", "with_case_columns", "case_rows", "default_run",
            "RecordedView", "recorded_view", "as_view", "series_rows", "best_per_shape", "speedup_table",
            "winners_table", "headline", "fastest_record", "record_for_shape", "plan_of_record", "plan_check",
+           "REFERENCE_GPU", "full_runs",
            "PRE_ONE_WAVE_RUNS"]  # fmt: skip
 
 TIMINGS_DIR = os.path.join(DATA_ROOT, "timings")
 
 #: The planner the Triton backend uses when none is given (`mlalab.backends.triton.make_callable`).
 DEFAULT_PLANNER = "simple"
+#: The GPU whose runs the default views show (the one the README's headline quotes). Runs on another GPU (files named
+#: h100_...) are shown when asked for: `run=` names one, `gpu=` picks best of all over that GPU's runs. No view mixes
+#: GPUs: times on different memory systems are not comparable.
+REFERENCE_GPU = "NVIDIA H200"
 # A run is a full suite run when Triton's default rows and at least one peer's cover every competition shape.
 _PEERS = ("flashmla", "flashinfer", "reference-torch", "aiter")
 _KEY = ["backend", "precision", "batch", "kv_len"]
@@ -88,24 +93,33 @@ def _covers_suite(d: pd.DataFrame, backend: str) -> bool:
     return set(COMPETITION_SHAPES) <= shapes
 
 
-def default_run(df: pd.DataFrame) -> str:
-    """The newest full suite run (latest date, then file name in `natural_key` order: run10 after run9): a file whose
-    default Triton rows cover all 12 competition shapes in every precision (a8w8, a16w8, bf16) and at least one
-    peer's rows all 12 shapes. A run of one precision (a8w8 only, say) is shown when asked for by name.
-    ValueError when no file qualifies."""
+def full_runs(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """(run, gpu) of every full suite run, oldest first (date, then file name in `natural_key` order: run10 after
+    run9): a file whose default Triton rows cover all 12 competition shapes in every precision (a8w8, a16w8, bf16) and
+    at least one peer's rows all 12 shapes."""
     df = _check_df(df)
     full = []
     for run, d in df.groupby("run", sort=True):
         d = _default_rows(d, None)
         every_precision = all(_covers_suite(d[d["precision"] == p], "triton") for p in CORE_PRECISIONS)
         if every_precision and any(_covers_suite(d, p) for p in _PEERS):
-            full.append((str(d["date"].astype(str).max()) if "date" in d else "", natural_key(str(run)), str(run)))
-    if not full:
+            date = str(d["date"].astype(str).max()) if "date" in d else ""
+            gpu = str(d["gpu"].iloc[0]) if "gpu" in d else ""
+            full.append((date, natural_key(str(run)), str(run), gpu))
+    return [(run, gpu) for *_, run, gpu in sorted(full)]
+
+
+def default_run(df: pd.DataFrame, gpu: str = REFERENCE_GPU) -> str:
+    """The newest full suite run (`full_runs`) on `gpu` (default the reference GPU). A run of one precision (a8w8 only,
+    say) or on another GPU is shown when asked for by name. ValueError when no file qualifies."""
+    runs = [r for r, g in full_runs(df) if g == gpu]
+    if not runs:
         raise ValueError(
-            f"no full suite run (default Triton rows in every precision and a peer on all 12 competition shapes) among "
-            f"{', '.join(sorted(df['run'].astype(str).unique())) or 'no files'}: pick a run or best of all"
+            f"no full suite run on {gpu} (default Triton rows in every precision and a peer on all 12 competition "
+            f"shapes) among {', '.join(sorted(df['run'].astype(str).unique())) or 'no files'}: pick a run or best of "
+            "all"
         )
-    return max(full)[2]
+    return runs[-1]
 
 
 @dataclass(frozen=True)
@@ -143,13 +157,16 @@ def best_per_shape(df: pd.DataFrame, backend: str, precision: str, planner: str 
 
 def recorded_view(
     df: pd.DataFrame, *, best_of_all: bool = False, run: str | None = None, planner: str | None = None,
-    q_len: int = 1, layout: str = "contiguous",
+    q_len: int = 1, layout: str = "contiguous", gpu: str = REFERENCE_GPU,
 ) -> RecordedView:  # fmt: skip
     """The rows a view shows, of one decode layout (`case_rows`: q_len 1 on a contiguous cache by default). Default:
     ONE run (`run`, else `default_run`) with Triton at its default config and planner (`planner` picks another
     planner's default-config rows); peers as recorded in that run. With `best_of_all`: the fastest row per shape over
-    every run and config (`best_per_shape`), labelled as such."""
+    every run and config on `gpu` (`best_per_shape`), labelled as such. `gpu` (default the reference GPU) also picks
+    whose default run is shown; a `run` named explicitly is shown whatever its GPU."""
     df = _check_df(df)
+    if not isinstance(gpu, str):
+        raise TypeError(f"gpu must be a str (e.g. {REFERENCE_GPU!r}), got {type(gpu).__name__}")
     df = case_rows(df, q_len, layout)
     if df.empty:
         raise ValueError(f"no recorded rows for q_len {q_len} with the {layout!r} layout")
@@ -160,6 +177,11 @@ def recorded_view(
     if best_of_all:
         if run is not None:
             raise ValueError("run and best_of_all exclude each other: best of all reads every run")
+        if "gpu" in df:
+            gpus = sorted(df["gpu"].astype(str).unique())
+            if gpu not in gpus:
+                raise ValueError(f"gpu {gpu!r} has no records; recorded GPUs: {', '.join(gpus)}")
+            df = df[df["gpu"] == gpu]
         parts = [best_per_shape(df, b, p, planner) for b, p in sorted(set(zip(df["backend"], df["precision"])))]
         rows = pd.concat(parts, ignore_index=True)
         files = tuple(sorted(df["run"].astype(str).unique(), key=natural_key))
@@ -169,13 +191,14 @@ def recorded_view(
             else 1
         )
         label = (
-            f"best of up to {n} configurations per shape over runs {', '.join(files)} — the fastest row per shape, "
+            f"best of up to {n} configurations per shape over the {gpu} runs {', '.join(files)} — the fastest row per "
+            "shape, "
             "so no single kernel configuration achieves this table; each winner's run · planner · config is shown"
         )
         return RecordedView(rows, True, files, label, f"best of ≤{n} configs over {len(files)} runs")
     runs = sorted(df["run"].astype(str).unique(), key=natural_key)
     if run is None:
-        run = default_run(df)
+        run = default_run(df, gpu)
     elif run not in runs:
         raise ValueError(f"run {run!r} is not recorded; recorded: {', '.join(runs)}")
     rows = _default_rows(df[df["run"] == run], planner)

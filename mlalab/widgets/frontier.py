@@ -87,7 +87,7 @@ class FrontierPanel:
         )
         self.message.value = (
             f"Preset {html.escape(a['preset'])}: {html.escape(PRESETS[a['preset']].description)}. "
-            f"Times: {html.escape(a['run'])} (recorded H200 run, Triton default config). "
+            f"Times: {html.escape(a['run'])} (recorded on {html.escape(a['gpu'])}, Triton default config). "
             f"<b>Not measured, drawn at their bandwidth floor: {floors}.</b> "
             f"Frontier of the measured points ({metric}): {front}. Mismatch and passes: {html.escape(a['check'])}."
             + cap

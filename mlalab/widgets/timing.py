@@ -24,6 +24,7 @@ from ..plots.timing import bandwidth_figure, bars_per_shape, plan_time_facts, pl
 from ..records.ab import experiment_geomeans, list_experiments, load_experiment, peer_name
 from ..records.profiles import load_timelines, timeline_summary
 from ..records.timings import (
+    REFERENCE_GPU,
     RecordedView,
     default_run,
     load_recorded,
@@ -100,7 +101,8 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
         first = runs[-1]
     run = W.Dropdown(options=runs, value=first, description="run (file)", style={"description_width": "initial"},
                      layout=_WIDE)  # fmt: skip
-    best = W.Checkbox(value=False, description="best of all runs and configs (fastest row per shape)", indent=False,
+    best = W.Checkbox(value=False, description="best of all runs and configs on the run's GPU (fastest row per shape)",
+                      indent=False,
                       layout=W.Layout(width="auto"))  # fmt: skip
     full = with_case_columns(df)
     cases = sorted(set(zip(full["q_len"], full["layout"])))
@@ -119,11 +121,12 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
 
     def _refresh() -> None:
         run.disabled = best.value
-        where = "best of all runs" if best.value else str(run.value)
+        gpu = str(df.loc[df["run"] == run.value, "gpu"].iloc[0]) if "gpu" in df else REFERENCE_GPU
+        where = f"best of all {gpu} runs" if best.value else str(run.value)
         try:
             view: RecordedView = recorded_view(
                 df, best_of_all=best.value, run=None if best.value else run.value, planner=planner.value,
-                q_len=layout.value[0], layout=layout.value[1],
+                q_len=layout.value[0], layout=layout.value[1], gpu=gpu,
             )  # fmt: skip
         except ValueError as e:
             view_html.value, message.value, table.value = "", f"<i>{e}</i>", ""
