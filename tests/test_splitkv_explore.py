@@ -45,14 +45,22 @@ def test_oracle_is_never_beaten_and_is_certified() -> None:
     for i in range(12):
         mix = list(MIXES)[i % len(MIXES)]
         lens = mix_lengths(mix, rng.randint(0, 99))
-        for target, ovh in (("h200", 64), (37, 200)):
-            model = CostModel(overhead=ovh)
+        for target, ovh, red in (("h200", 64, 0), (37, 200, 0), ("h200", 64, 57)):
+            model = CostModel(overhead=ovh, reduce_row=red)
             oracle = plan_policy("oracle", lens, target, model=model)
             so = score(oracle, model)
-            assert so["lower_bound"] <= so["makespan"] <= so["lower_bound"] + 2 * ovh + 1, (mix, lens)
+            assert so["cost"] == so["makespan"] + red * so["reduce_reads"]
+            if red == 0:  # makespan only: certified within 2 overheads + 1 of the lower bound
+                assert so["lower_bound"] <= so["makespan"] <= so["lower_bound"] + 2 * ovh + 1, (mix, lens)
             for pol in POLICIES:
                 s = score(plan_policy(pol, lens, target, model=model), model, oracle=oracle)
                 assert s["regret"] >= 0 and s["makespan"] >= so["lower_bound"], (pol, mix)
+
+
+def test_cost_model_refuses_bad_fields() -> None:
+    for bad in ({"reduce_row": -1}, {"overhead": -1}, {"granularity": 0}, {"reduce_row": 1.5}, {"overhead": True}):
+        with pytest.raises(ValueError, match="CostModel"):
+            CostModel(**bad)
 
 
 def test_explore_rows_and_metrics() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from mlalab.plan import indptrs_for, make_plan
 from mlalab.plan.doctor import doctor
+from mlalab.plan.explore import CostModel
 from mlalab.plots.splitkv import (
     coverage_figure,
     cu_load_figure,
@@ -116,9 +117,11 @@ def test_coverage_figure_draws_the_doctor_s_holes() -> None:
 
 def test_model_vs_measured_figure() -> None:
     df = pd.DataFrame({"mix": ["a"] * 4, "seed": [0] * 4, "policy": list("pqrs"), "makespan": [1, 2, 3, 4],
-                       "us_median": [10.0, 20.0, 15.0, 40.0]})  # fmt: skip
-    fig = model_vs_measured_figure(df)
-    assert "ρ within a batch 0.80" in fig.layout.title.text
+                       "reduce_reads": [0, 0, 1, 0], "us_median": [10.0, 20.0, 15.0, 40.0]})  # fmt: skip
+    fig = model_vs_measured_figure(df, CostModel(reduce_row=0))
+    assert "ρ within a batch 0.80 (makespan alone 0.80" in fig.layout.title.text
+    fig = model_vs_measured_figure(df, CostModel(reduce_row=2))  # costs 1, 2, 5, 4: another order
+    assert "ρ within a batch 0.80" not in fig.layout.title.text and list(fig.data[0].x) == [1, 2, 5, 4]
     with pytest.raises(ValueError, match="columns"):
         model_vs_measured_figure(df.drop(columns="us_median"))
 
