@@ -17,6 +17,23 @@ def test_help_lists_subcommands() -> None:
     assert "reference" in r.stdout
 
 
+def test_every_subcommand_prints_its_help(capsys) -> None:  # noqa: ANN001
+    """`--help` of each subcommand exits 0 and names its options (a stray '%' in a help text made argparse raise)."""
+    import argparse
+
+    import pytest
+
+    from mlalab.__main__ import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"accuracy", "sweep", "bench", "explore", "doctor"} <= set(sub.choices)
+    for name in sub.choices:
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args([name, "--help"])
+        assert e.value.code == 0 and "--" in capsys.readouterr().out, name
+
+
 def test_reference_json_ragged_paged() -> None:
     r = _run(
         "reference",

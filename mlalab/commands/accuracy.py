@@ -47,7 +47,9 @@ def add_preset_argument(p: argparse.ArgumentParser) -> None:
         "--preset",
         default=None,
         choices=list(PRESETS),
-        help="a competition's inputs and check: " + "; ".join(f"{n} = {v.description}" for n, v in PRESETS.items()),
+        # (argparse %-formats help: a description's "5 %" must reach it as "5 %%")
+        help="a competition's inputs and check: "
+        + "; ".join(f"{n} = {v.description}" for n, v in PRESETS.items()).replace("%", "%%"),
     )
 
 
