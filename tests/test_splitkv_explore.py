@@ -81,3 +81,18 @@ def test_cli_explore() -> None:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "oracle" in res.stdout and "regret" in res.stdout and "flashmla" in res.stdout
+
+
+def test_default_cost_model_ranks_the_recorded_gpu_plans() -> None:
+    """On the recorded GPU measurement of every policy's plan (data/explore/), the default model's cost orders the
+    plans of a batch like the measured time (mean Spearman rho >= 0.8), where the makespan alone did not (< 0.5)."""
+    from mlalab.widgets.splitkv import latest_explore_recording
+
+    rec = latest_explore_recording()
+    assert rec is not None and rec["us_median"].notna().sum() >= 30
+    rho = {}
+    for name, model in (("cost", CostModel()), ("makespan", CostModel(reduce_row=0))):
+        cost = [model.cost(m, r) for m, r in zip(rec["makespan"], rec["reduce_reads"])]
+        d = rec.assign(cost=cost).dropna(subset=["us_median"])
+        rho[name] = d.groupby(["mix", "seed"]).apply(lambda g: g["cost"].rank().corr(g["us_median"].rank())).mean()
+    assert rho["cost"] >= 0.8 and rho["makespan"] < 0.5, rho
