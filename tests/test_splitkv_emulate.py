@@ -147,3 +147,54 @@ def test_emulator_equals_reference_property(lens: list[int], n_cus: int, q_len: 
         )  # fmt: skip
         out = emulate_plan(x, plan).out
         assert float((out - ref).abs().max()) <= 1e-12 * max(float(ref.abs().max()), 1e-30) or rel(out, ref) <= 1e-12
+
+
+def test_trace_values_are_the_works_own_numbers() -> None:
+    """Each work's trace holds its max scaled score, its LSE and the norm of its output rows over the value dims,
+    computed here from q and the work's KV tokens (peaked inputs: unit std, q x 3, paged, ragged); each reduce trace
+    names the request that owns its q rows."""
+    import dataclasses
+
+    x = make_inputs(DecodeCase(kv_lens=(1, 65, 900, 3, 700), q_len=2, page_size=16, permute_pages=True, seed=5,
+                               dist="unit"))  # fmt: skip
+    x = dataclasses.replace(x, q=(x.q.float() * 3).to(x.q.dtype))
+    plan = make_plan("aiter-fast", x.qo_indptr, x.kv_indptr, 8, page_size=16, kv_last_page_len=x.kv_last_page_len)
+    res = emulate_plan(x, plan, trace=True)
+    kv, tok = x.token_kv()
+    kv, tok, cfg = kv.double().reshape(-1, 576), tok.tolist(), x.case.config
+    q = x.q.double()
+    for w in res.trace["works"]:
+        t0, t1 = w.tokens
+        k = kv[tok[w.batch] + t0 : tok[w.batch] + t1]
+        s = torch.einsum("qhd,nd->qhn", q[w.q_rows[0] : w.q_rows[1]], k) * cfg.sm_scale
+        o = torch.einsum("qhn,nd->qhd", torch.softmax(s, -1), k[:, :512])
+        assert torch.allclose(w.m, s.amax(-1), rtol=0, atol=1e-12)
+        assert torch.allclose(w.lse, torch.logsumexp(s, -1), rtol=1e-12, atol=1e-12)
+        assert w.out_norm.shape == (w.q_rows[1] - w.q_rows[0], 16)
+        assert torch.allclose(w.out_norm, o.norm(dim=-1), rtol=1e-10, atol=0)
+    qo = x.qo_indptr.tolist()
+    assert res.trace["reduce"]
+    for r in res.trace["reduce"]:  # a reduce tile merges all q rows of its request
+        assert (qo[r.batch], qo[r.batch + 1]) == r.rows, (r.batch, r.rows)
+
+
+def test_token_operands_quantise_the_side_named() -> None:
+    from mlalab.plan.emulate import token_operands
+
+    x = make_inputs(DecodeCase(kv_lens=(70, 5), seed=2, dist="unit"))
+    q0, kv0, _ = token_operands(x)
+    qq, kvq, _ = token_operands(x, q_scheme="fp8-tensor")
+    assert not torch.equal(qq.float(), q0.float()) and torch.equal(kvq, kv0)
+    qk, kvk, _ = token_operands(x, kv_scheme="fp8-tensor")
+    assert torch.equal(qk, q0) and not torch.equal(kvk.float(), kv0.float())
+
+
+def test_emulate_plan_refuses_nonfinite_inputs_unless_allowed() -> None:
+    x = make_inputs(DecodeCase(kv_lens=(40, 3), seed=1))
+    kv = x.kv_buffer.clone()
+    kv.view(-1, 576)[1, 7] = float("inf")  # (token 1 of request 0)
+    bad = type(x)(x.q, kv, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len, x.case)
+    plan = make_plan("balanced", x.qo_indptr, x.kv_indptr, 4)
+    with pytest.raises(ValueError, match="kv_buffer contains 1 non-finite"):
+        emulate_plan(bad, plan)
+    assert not torch.isfinite(emulate_plan(bad, plan, allow_nonfinite=True).out[0]).all()

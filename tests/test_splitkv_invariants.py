@@ -291,3 +291,30 @@ def test_partial_qo_loc_below_minus_one_is_a_field_finding() -> None:
         ("field", "work 5: partial_qo_loc -2 < -1"),
         ("split", "request 2 is not split but its work writes partial row -2 instead of the output"),
     ], found
+
+
+def test_validate_says_how_many_more_findings_there_are() -> None:
+    """validate() raises the first finding; with more, its message counts the rest (doctor lists them)."""
+    p, qo, kv = _base()
+    for edits, pmap in (CORRUPTIONS["gap"][:2], ({(1, 5): 208, (1, 6): 48, (0, 6): 143}, None)):
+        bad = _corrupt(p, edits, pmap)
+        n = len(check_metadata(*bad.tensors().values(), qo, kv, n_partial_rows=p.n_partial_rows, kv_lens=p.kv_lens))
+        with pytest.raises(PlanError) as e:
+            bad.validate(qo, kv)
+        more = f"(and {n - 1} more findings: mlalab.plan.doctor lists them)"
+        assert (more in str(e.value)) == (n > 1) and ("more findings" in str(e.value)) == (n > 1), (n, str(e.value))
+    assert n >= 2
+
+
+def test_work_tokens_without_kv_lens_count_positions_times_page_size() -> None:
+    """A plan that does not know its requests' lengths (e.g. read from aiter's tensors) counts a work's tokens as its
+    kv_indices positions x page size; one that knows them counts exactly, a plan of one work too."""
+    qo, kv = indptrs_for([5, 3, 0])
+    plan = make_plan("balanced", qo, kv, 3, page_size=16, kv_last_page_len=torch.tensor([16, 7, 0]))
+    bare = dataclasses.replace(plan, kv_lens=())
+    wi = plan.work_info.long()
+    assert bare.work_tokens().tolist() == ((wi[:, 5] - wi[:, 4]) * 16).tolist()
+    assert plan.work_tokens().sum() == 5 * 16 + 2 * 16 + 7  # exact with the lengths: the last page holds 7
+    assert bare.work_tokens().sum() == 8 * 16
+    one = make_plan("simple", *indptrs_for([5]), 1, page_size=16, kv_last_page_len=torch.tensor([7]))
+    assert one.n_work == 1 and one.work_tokens().tolist() == [4 * 16 + 7]  # a single work counts exactly too
