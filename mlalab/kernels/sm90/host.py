@@ -15,8 +15,8 @@ from ...config import MLA
 from ...quant.precision import Precision
 from ..prepare import PreparedInputs
 
-__all__ = ["PATHS", "SUB_TILE_PAGES", "RING", "FIRST_BURST", "INFO_COLS", "unsupported", "import_error", "row_passes",
-           "tile_stream", "cta_info", "first_burst", "Sm90Stage1"]  # fmt: skip
+__all__ = ["PATHS", "SUB_TILE_PAGES", "SUB_TILE_PENDING", "RING", "FIRST_BURST", "INFO_COLS", "unsupported",
+           "import_error", "row_passes", "kv_box", "tile_stream", "cta_info", "first_burst", "Sm90Stage1"]  # fmt: skip
 
 #: The path each precision takes through stage 1 (`vpaths`): how V reaches the value product.
 PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v-conv",
@@ -25,6 +25,10 @@ PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v
 
 #: Page sizes below a tile's 64 tokens that the kernel reads page by page (one TMA box per page, `tile_stream`).
 SUB_TILE_PAGES = (16, 32)
+#: Why kernel "auto" leaves pages of 16 / 32 tokens on the portable kernel: the page-by-page loads compile for sm_90
+#: (no spills) but their GPU tests have not run yet. ``kernel="sm90"`` runs them.
+SUB_TILE_PENDING = ("pages of 16 / 32 tokens run on the sm_90 kernel only when asked for (kernel='sm90') until its "
+                    "GPU tests pass (tests/test_sm90_kernel.py -m gpu -k paged)")  # fmt: skip
 
 #: The TMA ring of each path, in 64-token tiles: 3 fp8 tiles (36 KB each); 2 bf16 tiles (72 KB each, all that fits
 #: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile; 3 tiles of fp4 codes
@@ -58,12 +62,14 @@ def unsupported(
     pv_exact: bool = False,
     out_dtype: torch.dtype = torch.bfloat16,
     p_fp8: bool = True,
+    asked: bool = False,
 ) -> str | None:
     """Why the sm_90 kernel cannot run these inputs and plan (None when it can): first what the inputs ask for, then
     what this machine lacks. `work_info`: the plan's works in tokens (`mlalab.kernels.decoder.token_work_info`), or
     None before any plan exists (no plan can make the inputs runnable or not today: any q rows per work run, as
     `row_passes`). The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask
-    it."""
+    it. `asked`: the caller named this kernel (``kernel="sm90"``): pages of 16 / 32 tokens run only then, until their
+    GPU tests have passed (`SUB_TILE_PENDING`)."""
     if prepared.spec.kv_fp4:
         expect = (prepared.kv.shape[0], MLA.qk_dim // (32 if prepared.spec.kv_format == "mxfp4" else 16))
         if (prepared.kv.dtype != torch.uint8 or prepared.kv.shape[-1] != MLA.qk_dim // 2 or prepared.kv_scales is None
@@ -91,6 +97,8 @@ def unsupported(
         return "needs an NVIDIA GPU"
     if torch.cuda.get_device_capability(dev) != (9, 0):
         return f"needs compute capability 9.0 (Hopper), this GPU has {torch.cuda.get_device_capability(dev)}"
+    if ps in SUB_TILE_PAGES and not asked:
+        return SUB_TILE_PENDING
     return import_error()
 
 
