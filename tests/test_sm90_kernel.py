@@ -49,11 +49,13 @@ def test_refusals_name_the_reason() -> None:
     assert "e4m3fn" in host.unsupported(prepare(x, "a16w8", fp8_format="e4m3fnuz"), wi)
     assert "p_fp8=False" in host.unsupported(prepare(x, "a8w8"), wi, p_fp8=False)
     assert "needs an NVIDIA GPU" in host.unsupported(prepare(x, "bf16"), wi, p_fp8=False)  # (P is bf16 there)
-    paged = make_inputs(DecodeCase(kv_lens=(100, 70), page_size=16, permute_pages=True))
-    pplan = make_plan("simple", paged.qo_indptr, paged.kv_indptr, 4, page_size=16,
-                      kv_last_page_len=paged.kv_last_page_len)  # fmt: skip
-    pwi = token_work_info(pplan, paged.kv_indptr, paged.kv_last_page_len)
-    assert "multiple of 64" in host.unsupported(prepare(paged, "a8w8"), pwi)
+    for ps, why in ((8, "multiple of 64"), (48, "multiple of 64"), (16, "needs an NVIDIA GPU"), (32, "NVIDIA GPU")):
+        paged = make_inputs(DecodeCase(kv_lens=(100, 70), page_size=ps, permute_pages=True))
+        pplan = make_plan("simple", paged.qo_indptr, paged.kv_indptr, 4, page_size=ps,
+                          kv_last_page_len=paged.kv_last_page_len)  # fmt: skip
+        pwi = token_work_info(pplan, paged.kv_indptr, paged.kv_last_page_len)
+        assert why in host.unsupported(prepare(paged, "a8w8"), pwi), ps
+    assert "fp4 KV needs pages of 64" in host.unsupported(prepare(paged, "a16w4-mxfp4"), pwi)
     spec = make_inputs(DecodeCase(kv_lens=(100, 70), q_len=2))  # speculative decode runs (as row passes)
     swi = token_work_info(make_plan("simple", spec.qo_indptr, spec.kv_indptr, 4), spec.kv_indptr, spec.kv_last_page_len)
     assert "needs an NVIDIA GPU" in host.unsupported(prepare(spec, "a8w8"), swi)
@@ -116,6 +118,23 @@ def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
     _, prow = host.tile_stream(q, pp.work_indptr, pwi)
     pos = [s for w in range(pwi.shape[0]) for s in range(int(pwi[w, 4]), int(pwi[w, 5]), 64)]
     assert prow.tolist() == [int(y.kv_indices[s // 64]) * 64 + s % 64 for s in pos]
+    # pages of 16 / 32 tokens: a tile is 64 / page pages, each its own row; past the work's end, its last page again
+    for ps in (16, 32):
+        z = make_inputs(DecodeCase(kv_lens=(200, 16, 1, 0, 130), page_size=ps, permute_pages=True, seed=4))
+        zq = prepare(z, "a8w8")
+        for planner in ("simple", "balanced", "aiter-fast"):
+            zp = make_plan(planner, z.qo_indptr, z.kv_indptr, 5, page_size=ps, kv_last_page_len=z.kv_last_page_len)
+            zwi = token_work_info(zp, z.kv_indptr, z.kv_last_page_len)
+            zt, zrow = host.tile_stream(zq, zp.work_indptr, zwi)
+            want = []
+            for w in range(zwi.shape[0]):
+                ks, ke = int(zwi[w, 4]), int(zwi[w, 5])
+                for t in range(ks, ke, 64):
+                    for i in range(64 // ps):
+                        page = min(t + i * ps, ke - 1) // ps  # (a page past the end: the work's last page)
+                        want.append(int(z.kv_indices[page]) * ps)
+            assert zrow.tolist() == want, (ps, planner)
+            assert int(zt[-1]) * (64 // ps) == len(want)
 
 
 def test_cta_headers_and_the_first_burst_rule() -> None:
@@ -246,8 +265,12 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "runs = [(*r, None) for r in runs]\n"
         "runs += [('v-fp4', m, None, 0, 0, pr) for pr in ('a16w4-mxfp4', 'a8w4-mxfp4', 'a16w4-nvfp4', 'a8w4-nvfp4')\n"
         "         for m in (False, True)]\n"
-        "for path, mask, fb, tl, ab, prec in runs:\n"
-        "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec)\n"
+        "runs = [(*r, None) for r in runs]\n"
+        "runs += [(p, True, None, 0, 0, None, pg) for p, pg in (('v-regs', 16), ('v-regs', 32), ('v-tile', 16),\n"
+        "                                                         ('v-conv', 16))]  # page by page\n"
+        "for path, mask, fb, tl, ab, prec, pg in runs:\n"
+        "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
+        "                       page=pg)\n"
         "    gmma = sum(n for k, n in r.sass.items() if 'GMMA' in k)\n"
         "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
         "    print('R', path, int(mask), fb or 0, tl, ab, r.registers, r.stack_bytes, local, r.shared_bytes,\n"
@@ -255,7 +278,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0))\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 19, out
+    assert len(rows) == 23, out
     for _, path, _mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
         assert int(stack) == 0 and local == "0", out  # (a masked V operand once made the paged fp8 loop spill)
@@ -306,6 +329,8 @@ def test_reduces_compile_for_sm90_without_local_memory(triton_copy: str) -> None
         (dict(path="v-tile", ablate=1), ValueError, "fp8 path only"),
         (dict(path="v-regs", ablate=3), ValueError, "ablate must be 0"),
         (dict(path="v-regs", mask_tail=1), TypeError, "mask_tail must be True or False"),
+        (dict(path="v-regs", page=8), ValueError, "page must be None or one of"),
+        (dict(path="v-fp4", page=16), ValueError, "page must be None or one of"),
     ],
 )
 def test_sm90_build_refuses_bad_options_before_compiling(options: dict, error: type, message: str) -> None:
@@ -401,19 +426,21 @@ def test_gpu_many_works_per_cta(precision: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("page", [64, 32, 16])
 @pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
 @pytest.mark.parametrize("precision", list(PATHS))
-def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: str) -> None:
+def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: str, page: int) -> None:
+    """Permuted pages of 64 tokens (one TMA box a tile) and of 32 / 16 (a box per page), NaN in every unused slot."""
     from mlalab.backends.triton import build_plan
 
     lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
-    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, page_size=64, permute_pages=True, seed=9, dist="unit")))
+    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, page_size=page, permute_pages=True, seed=9, dist="unit")))
     x = x.to("cuda")
     p = prepare(x, precision)
     assert not p.contiguous
     clean = dataclasses.replace(p, kv=p.kv.clone())
     # the unused slots of every last page hold NaN: the kernel must never let them reach the output
-    kv = p.kv.view(-1, 64, p.kv.shape[-1])
+    kv = p.kv.view(-1, page, p.kv.shape[-1])
     code_type, nan_code = (torch.uint8, 0x7F) if p.spec.kv_fp8 else (torch.int16, 0x7FC0)
     pages = x.kv_indices.long()
     for b in range(len(lens)):
@@ -422,7 +449,12 @@ def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: st
             kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(code_type).fill_(nan_code)
     assert torch.isnan(p.kv.float()).any()
     knobs = {"block": 1} if planner == "simple" else {}
-    _check(p, build_plan(x, planner, 132, **knobs), clean, peaked=True)
+    # (pages of 16 / 32: kernel "auto" keeps them on the portable kernel until this test has passed on a GPU)
+    config = KernelConfig(kernel="sm90") if page < 64 else KernelConfig()
+    plan = build_plan(x, planner, 132, **knobs)
+    if page < 64:
+        assert Decoder(p, plan).sm90_reason == host.SUB_TILE_PENDING
+    _check(p, plan, clean, peaked=True, config=config)
 
 
 @pytest.mark.gpu

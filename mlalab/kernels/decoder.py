@@ -103,7 +103,7 @@ class Decoder:
         why_not = None
         if config.kernel != "portable":
             why_not = sm90_host.unsupported(prepared, work_info, pv_exact=self.pv_exact, out_dtype=out_dtype,
-                                            p_fp8=config.p_fp8)  # fmt: skip
+                                            p_fp8=config.p_fp8, asked=config.kernel == "sm90")  # fmt: skip
             if why_not is not None and config.kernel == "sm90":
                 raise ValueError(f"kernel='sm90' cannot run here: {why_not}")
         #: which stage-1 kernel runs ("sm90" or "portable")

@@ -131,18 +131,20 @@ FP4_BUILDS = {"a16w4-mxfp4": ("bfloat16", 1), "a8w4-mxfp4": ("float8_e4m3fn", 1)
 
 
 def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst: int | None = None,
-                   timeline: bool = False, ablate: int = 0, precision: str | None = None) -> BuildReport:  # fmt: skip
+                   timeline: bool = False, ablate: int = 0, precision: str | None = None,
+                   page: int | None = None) -> BuildReport:  # fmt: skip
     """Compile the sm_90 stage 1 (`stage1.stage1_kernel`) on `path` (``"v-regs"``: fp8 q and KV, ``"v-tile"``: bf16,
     ``"v-conv"``: bf16 q and fp8 KV, ``"v-fp4"``: fp4 KV of `precision`, one of `FP4_BUILDS`, default
     ``a16w4-mxfp4``) for sm_90, as the decoder launches it: its ring (`host.RING`), fp16 partials for fp8 KV, else
     fp32, the reduce as a programmatic dependent. ``mask_tail``: a paged cache's tail masking; ``first_burst``: the
     ring tiles issued at the start (None: the whole ring); ``timeline`` / ``ablate``: the measurement hooks (the
-    kernel's ``TIMELINE``, ``ABLATE``)."""
+    kernel's ``TIMELINE``, ``ABLATE``); ``page``: 16 or 32 to build the page-by-page tile loads of such caches (with
+    ``mask_tail``, as the decoder launches them; not on v-fp4), None for whole-tile loads."""
     import torch
     from triton.runtime.driver import driver
 
     from . import stage1 as S
-    from .host import INFO_COLS, RING
+    from .host import INFO_COLS, RING, SUB_TILE_PAGES
 
     if path not in RING:
         raise ValueError(f"path must be one of {', '.join(map(repr, RING))}, got {path!r}")
@@ -158,6 +160,8 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
             raise ValueError(f"precision must be one of {', '.join(FP4_BUILDS)} on v-fp4, got {precision!r}")
     elif precision is not None:
         raise ValueError(f"precision chooses among the fp4 builds of v-fp4; {path} has one build")
+    if page is not None and (page not in SUB_TILE_PAGES or path == "v-fp4"):
+        raise ValueError(f"page must be None or one of {SUB_TILE_PAGES} (not on v-fp4), got {page!r} on {path}")
     for name, flag in (("mask_tail", mask_tail), ("timeline", timeline)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -178,9 +182,10 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     # a fresh cache: a cached kernel would skip static_print (gl.static_print: the bank-conflict counts)
     with _fresh_triton_cache(), contextlib.redirect_stdout(printed):
         ck = S.stage1_kernel.warmup(
-            *S.make_descriptors(q, kv, 16), i32(132 * INFO_COLS), i32(8 * 8), i32(64), out, lse, po, pl, one, one,
-            scales, 4096 if kv_fp4 else 0, 0.04, torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16,
-            NQ=16, D_NOPE=512, D_ROPE=64, BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
+            *S.make_descriptors(q, kv, 16, page or S.BLOCK_N), i32(132 * INFO_COLS), i32(8 * 8), i32(64), out, lse,
+            po, pl, one, one, scales, 4096 if kv_fp4 else 0, 0.04,
+            torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16, D_NOPE=512, D_ROPE=64,
+            BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
             LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4, TIMELINE=timeline,
             ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
         )  # fmt: skip

@@ -15,13 +15,20 @@ from ...config import MLA
 from ...quant.precision import Precision
 from ..prepare import PreparedInputs
 
-__all__ = ["PATHS", "RING", "FIRST_BURST", "INFO_COLS", "unsupported", "import_error", "row_passes",
-           "tile_stream", "cta_info", "first_burst", "Sm90Stage1"]  # fmt: skip
+__all__ = ["PATHS", "SUB_TILE_PAGES", "SUB_TILE_PENDING", "RING", "FIRST_BURST", "INFO_COLS", "unsupported",
+           "import_error", "row_passes", "kv_box", "tile_stream", "cta_info", "first_burst", "Sm90Stage1"]  # fmt: skip
 
 #: The path each precision takes through stage 1 (`vpaths`): how V reaches the value product.
 PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v-conv",
          **dict.fromkeys((Precision.A16W4_MXFP4, Precision.A8W4_MXFP4, Precision.A16W4_NVFP4, Precision.A8W4_NVFP4),
                          "v-fp4")}  # fmt: skip
+
+#: Page sizes below a tile's 64 tokens that the kernel reads page by page (one TMA box per page, `tile_stream`).
+SUB_TILE_PAGES = (16, 32)
+#: Why kernel "auto" leaves pages of 16 / 32 tokens on the portable kernel: the page-by-page loads compile for sm_90
+#: (no spills) but their GPU tests have not run yet. ``kernel="sm90"`` runs them.
+SUB_TILE_PENDING = ("pages of 16 / 32 tokens run on the sm_90 kernel only when asked for (kernel='sm90') until its "
+                    "GPU tests pass (tests/test_sm90_kernel.py -m gpu -k paged)")  # fmt: skip
 
 #: The TMA ring of each path, in 64-token tiles: 3 fp8 tiles (36 KB each); 2 bf16 tiles (72 KB each, all that fits
 #: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile; 3 tiles of fp4 codes
@@ -55,12 +62,14 @@ def unsupported(
     pv_exact: bool = False,
     out_dtype: torch.dtype = torch.bfloat16,
     p_fp8: bool = True,
+    asked: bool = False,
 ) -> str | None:
     """Why the sm_90 kernel cannot run these inputs and plan (None when it can): first what the inputs ask for, then
     what this machine lacks. `work_info`: the plan's works in tokens (`mlalab.kernels.decoder.token_work_info`), or
     None before any plan exists (no plan can make the inputs runnable or not today: any q rows per work run, as
     `row_passes`). The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask
-    it."""
+    it. `asked`: the caller named this kernel (``kernel="sm90"``): pages of 16 / 32 tokens run only then, until their
+    GPU tests have passed (`SUB_TILE_PENDING`)."""
     if prepared.spec.kv_fp4:
         expect = (prepared.kv.shape[0], MLA.qk_dim // (32 if prepared.spec.kv_format == "mxfp4" else 16))
         if (prepared.kv.dtype != torch.uint8 or prepared.kv.shape[-1] != MLA.qk_dim // 2 or prepared.kv_scales is None
@@ -76,15 +85,20 @@ def unsupported(
     kv_dim = MLA.qk_dim // 2 if prepared.spec.kv_fp4 else MLA.qk_dim  # (fp4: two codes per byte)
     if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != kv_dim:
         return f"written for {MLA.num_heads} heads x {MLA.qk_dim} dims"
-    if not (prepared.contiguous and prepared.page_size == 1) and prepared.page_size % BLOCK_N:
-        return (f"tiles of {BLOCK_N} tokens must be contiguous rows: page size 1 with the identity page table, or a "
-                f"page size that is a multiple of {BLOCK_N} (got page size {prepared.page_size}, "
-                f"{'identity' if prepared.contiguous else 'permuted'} page table)")  # fmt: skip
+    ps = prepared.page_size
+    if not (prepared.contiguous and ps == 1) and ps % BLOCK_N and ps not in SUB_TILE_PAGES:
+        return (f"tiles of {BLOCK_N} tokens must be contiguous rows or whole pages: page size 1 with the identity "
+                f"page table, {' or '.join(map(str, SUB_TILE_PAGES))} tokens, or a multiple of {BLOCK_N} (got page "
+                f"size {ps}, {'identity' if prepared.contiguous else 'permuted'} page table)")  # fmt: skip
+    if ps in SUB_TILE_PAGES and prepared.spec.kv_fp4:
+        return f"fp4 KV needs pages of {BLOCK_N} tokens or more (its block scales are read per tile), got {ps}"
     dev = prepared.q.device
     if dev.type != "cuda" or torch.version.cuda is None:
         return "needs an NVIDIA GPU"
     if torch.cuda.get_device_capability(dev) != (9, 0):
         return f"needs compute capability 9.0 (Hopper), this GPU has {torch.cuda.get_device_capability(dev)}"
+    if ps in SUB_TILE_PAGES and not asked:
+        return SUB_TILE_PENDING
     return import_error()
 
 
@@ -120,12 +134,18 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor) -> tuple[torc
     return cta_indptr.to(torch.int32), out.to(torch.int32).contiguous()
 
 
+def kv_box(prepared: PreparedInputs) -> int:
+    """Rows of one KV TMA box: a page where pages are shorter than a tile (`SUB_TILE_PAGES`), else a tile."""
+    return prepared.page_size if prepared.page_size in SUB_TILE_PAGES else BLOCK_N
+
+
 def tile_stream(prepared: PreparedInputs, work_indptr: torch.Tensor,
                 work_info: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(tile_indptr, tile_rows)`` int32 on the CPU: the sm_90 kernel's tile stream. CTA ``c`` consumes the 64-token
     tiles of its works in order; ``tile_rows[t]`` is the KV row of tile t's first token (its position itself with the
     identity page table, else through ``kv_indices``: tiles never cross a page because pages are multiples of 64
-    tokens and works start on page boundaries)."""
+    tokens and works start on page boundaries). Pages of 16 or 32 tokens (`kv_box`): ``64 / page`` rows per tile,
+    one per page (a page past the work's end repeats the tile's last page: read, then masked)."""
     wi = work_info.to("cpu", torch.int64)
     ks, ke = wi[:, 4], wi[:, 5]
     counts = torch.clamp((ke - ks + BLOCK_N - 1) // BLOCK_N, min=0)
@@ -133,10 +153,17 @@ def tile_stream(prepared: PreparedInputs, work_indptr: torch.Tensor,
     owner = torch.repeat_interleave(torch.arange(wi.shape[0]), counts)
     first = torch.cumsum(counts, 0) - counts
     pos = ks[owner] + BLOCK_N * (torch.arange(n) - first[owner])
+    box = kv_box(prepared)
     if prepared.contiguous and prepared.page_size == 1:
         rows = pos
     else:
         ps = prepared.page_size
+        if box < BLOCK_N:  # every page of every tile, those past the work's end clamped to its last page
+            if bool((ks % ps != 0).any()):
+                raise ValueError(f"works must start on page boundaries (page size {ps})")
+            sub = pos[:, None] + box * torch.arange(BLOCK_N // box)[None, :]
+            sub = torch.minimum(sub, (ke[owner] - 1)[:, None] // ps * ps).reshape(-1)
+            pos = sub
         rows = prepared.kv_indices.to("cpu", torch.int64)[pos // ps] * ps + pos % ps
     csum = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
     tile_indptr = csum[work_indptr.to("cpu", torch.int64)]
@@ -191,12 +218,15 @@ class Sm90Stage1:
         self.path = PATHS[prepared.precision]
         self.stages = RING[self.path]
         t_indptr, t_rows = tile_stream(prepared, work_indptr, work_info)
+        self.kv_box = kv_box(prepared)
         self.tiles_per_cta = t_indptr.diff()
         self.works_per_cta = work_indptr.to("cpu", torch.int64).diff()
         most = int(self.tiles_per_cta.max()) if t_indptr.numel() > 1 else 0
         dev = prepared.q.device
         self.tile_rows = t_rows.to(dev)
-        self.cta_info = cta_info(work_indptr, t_indptr, t_rows, work_info).to(dev)
+        # (the header's first-tile rows: the first page of each; the kernel reads pages from TILE_ROWS itself)
+        firsts = t_rows.reshape(-1, BLOCK_N // self.kv_box)[:, 0]
+        self.cta_info = cta_info(work_indptr, t_indptr, firsts, work_info).to(dev)
         self.n_cu = int(work_indptr.numel() - 1)
         self.p = prepared
         self._descs: dict[tuple[int, int], tuple] = {}
@@ -222,7 +252,7 @@ class Sm90Stage1:
             if kv.shape[0] == 0:  # every request empty: no tile is read, but a TMA descriptor needs a non-empty box
                 kv = torch.zeros((BLOCK_N, kv.shape[-1]), dtype=kv.dtype, device=kv.device)
                 self._empty_kv = kv  # (kept alive with its descriptor)
-            descs = self.K.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads)
+            descs = self.K.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads, self.kv_box)
             self._descs[key] = descs
         return descs
 

@@ -36,7 +36,8 @@ Measurement hooks (compile-time, off in production): ``TIMELINE`` stamps each CT
 compute can be measured (outputs wrong); ``REPORT`` prints the V loads' bank conflicts while compiling (`build`).
 
 Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) dims, the KV rows of a tile contiguous
-(page size 1 with the identity page table, or pages that are multiples of 64 tokens), e4m3fn codes for fp8. The
+(page size 1 with the identity page table, or pages that are multiples of 64 tokens) or a tile of whole pages of 16
+or 32 tokens (one TMA box per page; not with fp4 KV, whose block scales are read per tile), e4m3fn codes for fp8. The
 kernel runs one q row (16 heads) per work: a plan's works of q_len rows reach it as q_len works, one per CTA of a group
 streaming the same tiles (`host.row_passes`).
 """
@@ -94,26 +95,37 @@ def _stamp(TL, col, GLOBAL: gl.constexpr = False):
 
 
 @gluon.jit
-def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, NUM_STAGES: gl.constexpr):
-    """TMA the CTA's tile number `it` (KV row `row` onwards), if it exists, into ring stage ``it % NUM_STAGES``."""
+def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, NUM_STAGES: gl.constexpr, ROWS):
+    """TMA the CTA's tile number `it` (KV row `row` onwards), if it exists, into ring stage ``it % NUM_STAGES``.
+
+    Pages of fewer tokens than a tile (the descriptors' box is one page, P < 64 rows): the tile is 64 / P pages, one
+    box each into its rows of the stage; their KV rows are ``ROWS[it · 64 / P ...]`` (`row` is unused)."""
     if it < n_tiles:
         s = it % NUM_STAGES
         bar = ready.index(s)
-        mbarrier.expect(bar, kn_desc.block_type.nbytes + kr_desc.block_type.nbytes)
-        _tma_load(kn_desc, [row, 0], bar, kn_smem.index(s))
-        _tma_load(kr_desc, [row, 0], bar, kr_smem.index(s))
+        P: gl.constexpr = kn_desc.block_type.shape[0]
+        SUB: gl.constexpr = kn_smem.shape[1] // P
+        mbarrier.expect(bar, SUB * (kn_desc.block_type.nbytes + kr_desc.block_type.nbytes))
+        if SUB == 1:
+            _tma_load(kn_desc, [row, 0], bar, kn_smem.index(s))
+            _tma_load(kr_desc, [row, 0], bar, kr_smem.index(s))
+        else:
+            for i in gl.static_range(SUB):
+                r = gl.load(ROWS + it * SUB + i)
+                _tma_load(kn_desc, [r, 0], bar, kn_smem.index(s).slice(i * P, P))
+                _tma_load(kr_desc, [r, 0], bar, kr_smem.index(s).slice(i * P, P))
 
 
 @gluon.jit
 def _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, n_tiles, NUM_STAGES: gl.constexpr,
-                    FIRST_BURST: gl.constexpr):  # fmt: skip
+                    FIRST_BURST: gl.constexpr, ROWS):  # fmt: skip
     """Issue the ring's tiles ``FIRST_BURST .. NUM_STAGES - 1`` (rows `row1`, `row2` of tiles 1, 2): called once the
     CTA's first tile has landed. Deferring them gets the first tile in sooner; the stream afterwards is paced by
     compute, not bytes, so the later tiles are not needed that early."""
     if FIRST_BURST <= 1 and NUM_STAGES > 1:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES, ROWS)
     if FIRST_BURST <= 2 and NUM_STAGES > 2:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES, ROWS)
 
 
 @gluon.jit
@@ -139,7 +151,7 @@ def _stage1_kernel(
     kn_desc, kr_desc,  # TMA descriptors of the KV rows (rows, 576): dims [0, 512) and [512, 576)
     CTA_INFO,  # (n_cu, INFO_COLS) int32: first work, end work, first tile, end tile, q row of work 0, rows of tiles 0..
     WORK_INFO,  # (n_work, 8) int32, kv positions in tokens
-    TILE_ROWS,  # int32 KV row of each tile's first token, in the order the CTAs consume them
+    TILE_ROWS,  # int32 KV row of each tile's first token (of each of its pages, pages < 64 tokens), in stream order
     OUT, OUT_LSE, PART_O, PART_LSE,
     Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales (NVFP4: KV_SCALE is the per-cache scale)
     KV_SCALES, KV_ROWS,  # fp4 KV: the block scales as bytes (KV_ROWS, 18 or 36) and KV_ROWS; else any tensor, 0
@@ -199,6 +211,10 @@ def _stage1_kernel(
     q_scale = gl.load(Q_SCALE)
     v_scale = gl.load(KV_SCALE)
     n_tiles = t_end - t_begin
+    # pages shorter than a tile: TILE_ROWS lists each tile's page rows (64 / P of them), this CTA's from here on
+    SUB: gl.constexpr = BLOCK_N // kn_desc.block_type.shape[0]
+    gl.static_assert(SUB == 1 or not KV_FP4, "fp4 block scales are read per tile: pages of >= 64 tokens")
+    sub_rows = TILE_ROWS + t_begin * SUB
 
     # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the 4 warps along M, N = NQ (16 heads) per instruction
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -238,11 +254,11 @@ def _stage1_kernel(
     # the first tile could not start), then the ring's first burst.
     if w_begin < w_end:
         _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
-    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, NUM_STAGES)
+    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, NUM_STAGES, sub_rows)
     if NUM_STAGES > 1 and FIRST_BURST > 1:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES, sub_rows)
     if NUM_STAGES > 2 and FIRST_BURST > 2:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES, sub_rows)
     if TIMELINE:
         _stamp(tl_row, 4)
     # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
@@ -299,7 +315,7 @@ def _stage1_kernel(
             if FIRST_BURST < NUM_STAGES:  # noqa: SIM102
                 if it == 0:  # the first burst has landed: the rest of the ring goes out now (`_issue_deferred`)
                     _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, n_tiles, NUM_STAGES,
-                                    FIRST_BURST)  # fmt: skip
+                                    FIRST_BURST, sub_rows)  # fmt: skip
             kn = kn_smem.index(s)
             if KV_CONVERT:
                 # PV(it-1) read the bf16 tile: complete in this warp, then (barrier) in every warp, before it is
@@ -320,7 +336,9 @@ def _stage1_kernel(
                     _convert_tile(kr_smem.index(s), krb, BLOCK_N, False, BLOCK_N, D_ROPE)  # (rope: scores masked)
                 fence_async_shared()  # generic-proxy writes before the wgmma's async reads
                 _cta_barrier()  # every warp's part converted, and every warp done reading stage s: refill it now
-                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+                _issue_kv_tile(
+                    kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES, sub_rows
+                )
                 if KV_FP4:  # the next tile's block scales, in flight while this tile's QK and softmax run
                     sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row_sc, it + 1 < n_tiles, KV_ROWS, KV_FP4, BLOCK_N)
                 kn = kb
@@ -357,7 +375,7 @@ def _stage1_kernel(
                 if it > 0:  # every warp past its wait: PV(it-1) no longer reads tile it-1's stage, refill it
                     _cta_barrier()
                     _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_rf, it - 1 + NUM_STAGES, n_tiles,
-                                   NUM_STAGES)  # fmt: skip
+                                   NUM_STAGES, sub_rows)  # fmt: skip
                 if MASK_TAIL:  # noqa: SIM102
                     if kv_end - start < BLOCK_N:  # a work's last tile of a paged cache: zero its tail (NaN-safe PV)
                         _zero_tail_rows(kn, kv_end - start, BLOCK_N, D_NOPE)
@@ -392,7 +410,9 @@ def _stage1_kernel(
                 if it < TIMELINE_MAX:
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
             if V_IN_REGS:  # PV(it) reads registers and Pᵀ, not this stage: refill it now
-                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES)
+                _issue_kv_tile(
+                    kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES, sub_rows
+                )
             if KV_FP4:  # (staged, not carried in registers: carried across the loops, Triton 3.6's build spilled)
                 scn_smem.store(sc_nope)
                 scr_smem.store(sc_rope)
@@ -427,10 +447,13 @@ def _stage1_kernel(
 stage1_kernel = _stage1_kernel
 
 
-def make_descriptors(q2d, kv, nq: int) -> tuple:
+def make_descriptors(q2d, kv, nq: int, kv_box: int = BLOCK_N) -> tuple:
     """TMA descriptors ``(qn, qr, kn, kr)`` of q viewed as ``(total_q·16, 576)`` and the KV rows ``(rows, 576)``
     (both fp8, both bf16, or bf16 q with fp8 KV; contiguous) or ``(rows, 288)`` bytes of fp4 codes (with bf16 or fp8
-    q): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `BLOCK_N` tokens."""
+    q): 512 nope + 64 rope dims, blocks of ``nq`` q rows and `kv_box` tokens (`BLOCK_N`, or one page of 16 or 32
+    tokens: a tile is then that many boxes)."""
+    if kv_box not in (16, 32, BLOCK_N):
+        raise ValueError(f"kv_box must be 16, 32 or {BLOCK_N} rows, got {kv_box!r}")
     import torch
 
     rows, d_kv, d_q = int(kv.shape[0]), int(kv.shape[1]), int(q2d.shape[1])  # (row strides: fp4 KV rows are 288 B)
@@ -450,6 +473,6 @@ def make_descriptors(q2d, kv, nq: int) -> tuple:
     qr = TensorDescriptor(q2d[:, nope:], [qrows, rope], [d_q, 1], [nq, rope], qr_l)
     if kv.dtype == torch.uint8:  # fp4 codes: 256 + 32 bytes a token (rope: a 32-byte swizzle)
         kr_l = gl.NVMMASharedLayout(swizzle_byte_width=kv_rope, element_bitwidth=8, rank=2)
-    kn = TensorDescriptor(kv, [rows, kv_nope], [d_kv, 1], [BLOCK_N, kv_nope], kn_l)
-    kr = TensorDescriptor(kv[:, kv_nope:], [rows, kv_rope], [d_kv, 1], [BLOCK_N, kv_rope], kr_l)
+    kn = TensorDescriptor(kv, [rows, kv_nope], [d_kv, 1], [kv_box, kv_nope], kn_l)
+    kr = TensorDescriptor(kv[:, kv_nope:], [rows, kv_rope], [d_kv, 1], [kv_box, kv_rope], kr_l)
     return qn, qr, kn, kr
