@@ -198,3 +198,38 @@ def test_emulate_plan_refuses_nonfinite_inputs_unless_allowed() -> None:
     with pytest.raises(ValueError, match="kv_buffer contains 1 non-finite"):
         emulate_plan(bad, plan)
     assert not torch.isfinite(emulate_plan(bad, plan, allow_nonfinite=True).out[0]).all()
+
+
+def test_reduce_trace_names_the_request_it_merges_next_to_requests_with_no_q_rows() -> None:
+    """A request with 0 q rows (accepted by the reference and the emulator; planners refuse it, a hand-built plan can
+    hold it) starts at the same q row as the next request. Each reduce trace must name the request whose partial rows
+    it merges, not the first work whose q rows start at the tile's. Peaked inputs (unit std, q x 3), fp64 reference.
+    Case 1: request 1 (0 rows, unsplit, first on CU 0) shares q row 1 with split request 2. Case 2: requests 0 and 1
+    both have 0 rows, request 1 is split (hand-numbered partial rows 0 and 1: its tile merges 0 rows)."""
+    import dataclasses
+
+    from mlalab.plan.workplan import Fragment, build_plan
+
+    x = make_inputs(DecodeCase(kv_lens=(300, 20, 200), q_len=1, seed=7, dist="unit"))
+    q = (x.q.float() * 3).to(x.q.dtype)
+    kvp, lens = x.kv_indptr.tolist(), [300, 20, 200]
+    for keep, qo, frags, slots, want in (
+        ([0, 2], [0, 1, 1, 2], [(0, 1, 300, 320), (1, 0, 0, 150), (2, 0, 150, 300), (3, 2, 320, 420),
+                                (0, 2, 420, 520)], None, [(0, (0, 1)), (2, (1, 2))]),
+        ([2], [0, 0, 0, 1], [(0, 0, 0, 300), (1, 1, 300, 310), (2, 1, 310, 320), (3, 2, 320, 520)], [0, 1],
+         [(1, (0, 0))]),
+    ):  # fmt: skip
+        qi = torch.tensor(qo, dtype=x.qo_indptr.dtype)
+        xi = dataclasses.replace(x, q=q[keep], qo_indptr=qi)
+        plan = build_plan([Fragment(*f) for f in frags], num_cus=4, qo=qo, kvp=kvp, kv_lens=lens, page_size=1,
+                          planner="hand")  # fmt: skip
+        if slots is not None:  # compact numbering gives a 0-row request's works one row: renumber them apart
+            wi = plan.work_info.clone()
+            wi[1:3, 1] = torch.tensor(slots)
+            pmap = torch.tensor(slots, dtype=torch.int32)
+            plan = dataclasses.replace(plan, work_info=wi, reduce_partial_map=pmap, n_partial_rows=2)
+        assert plan.work_info[0, 2] == plan.work_info[1, 2]  # a work of another request starts at the tile's row
+        res = emulate_plan(xi, plan, trace=True)
+        ref, ref_lse = decode_inputs_reference(xi)
+        assert rel(res.out, ref) <= 1e-12 and float((res.lse - ref_lse).abs().max()) <= 1e-12
+        assert [(r.batch, r.rows) for r in res.trace["reduce"]] == want

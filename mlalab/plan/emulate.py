@@ -213,7 +213,7 @@ def emulate_plan(
         L = part_lse[idx]  # (n, rows, H)
         out[r0:r1], lse[r0:r1], weights = lse_merge(part_out[idx], L)
         if trace:
-            b = int(wi[[w for w in range(len(wi)) if wi[w][2] == r0][0]][0])
+            b = next(row[0] for row in wi if row[1] == parts[0])  # the work that wrote the tile's first partial row
             red_tr.append(ReduceTrace(t, b, (r0, r1), tuple(parts), L, weights, lse[r0:r1].clone()))
     tr = {"works": works_tr, "reduce": red_tr} if trace else None
     return EmulationResult(out, lse, tr)
