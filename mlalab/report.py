@@ -262,7 +262,7 @@ def section_frontier(opts: ReportOptions) -> Section:
         f"Every precision the GPU kernels run at batch {opts.batch} × kv_len {opts.kv_len}: µs from the newest "
         "recorded run that times every precision (data/timings; the figure names its file and GPU) against the "
         "rel-L2 error computed now on the CPU (competition inputs, fp64 reference). "
-        "Precisions without a recorded time (fp4 KV) are open markers at their bandwidth floor (bytes per call / "
+        "Precisions the run did not time are open markers at their bandwidth floor (bytes per call / "
         "the run's copy bandwidth): not measured, a lower bound. Solid line: the frontier of the measured points."
     )
     try:

@@ -100,13 +100,10 @@ def frontier_run(df: pd.DataFrame) -> str:
     """The run a frontier reads by default: the newest full suite run (`full_runs`, any GPU) whose default Triton rows
     time every precision of the precision table; else the newest full run of any GPU (the missing precisions then sit
     at their floors)."""
-    runs = full_runs(df)
+    runs = full_runs(df, PRECISIONS) or full_runs(df)
     if not runs:
         raise ValueError("no full suite run recorded (see mlalab.records.timings.full_runs)")
-    want = {str(p) for p in PRECISIONS}
-    rows = {r: recorded_view(df, run=r).rows for r, _ in runs}
-    complete = [r for r, _ in runs if want <= set(rows[r].loc[rows[r]["backend"] == "triton", "precision"])]
-    return (complete or [r for r, _ in runs])[-1]
+    return runs[-1][0]
 
 
 def recorded_times(batch: int, kv_len: int, *, run: str | None = None, data_dir: str = TIMINGS_DIR) -> pd.DataFrame:

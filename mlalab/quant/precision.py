@@ -92,8 +92,8 @@ PRECISIONS: dict[Precision, PrecisionSpec] = {
     Precision.A8W4_NVFP4: PrecisionSpec(Precision.A8W4_NVFP4, "fp8", "nvfp4", "fp8 q · nvfp4 KV"),
 }
 
-#: The precisions of the recorded H200 suites (every full run covers them) and the sm_90 kernel's; the fp4-KV ones
-#: run on the portable kernel.
+#: The precisions every full recorded suite run covers (`mlalab.records.timings.full_runs`); runs since 2026-12-05
+#: also time the fp4-KV ones.
 CORE_PRECISIONS: tuple[Precision, ...] = (Precision.A8W8, Precision.A16W8, Precision.BF16)
 
 

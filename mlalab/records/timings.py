@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,15 +94,16 @@ def _covers_suite(d: pd.DataFrame, backend: str) -> bool:
     return set(COMPETITION_SHAPES) <= shapes
 
 
-def full_runs(df: pd.DataFrame) -> list[tuple[str, str]]:
+def full_runs(df: pd.DataFrame, precisions: Iterable[str] = CORE_PRECISIONS) -> list[tuple[str, str]]:
     """(run, gpu) of every full suite run, oldest first (date, then file name in `natural_key` order: run10 after
-    run9): a file whose default Triton rows cover all 12 competition shapes in every precision (a8w8, a16w8, bf16) and
-    at least one peer's rows all 12 shapes."""
+    run9): a file whose default Triton rows cover all 12 competition shapes in every one of `precisions` (default
+    a8w8, a16w8, bf16) and at least one peer's rows all 12 shapes."""
     df = _check_df(df)
+    want = [str(p) for p in precisions]
     full = []
     for run, d in df.groupby("run", sort=True):
         d = _default_rows(d, None)
-        every_precision = all(_covers_suite(d[d["precision"] == p], "triton") for p in CORE_PRECISIONS)
+        every_precision = all(_covers_suite(d[d["precision"] == p], "triton") for p in want)
         if every_precision and any(_covers_suite(d, p) for p in _PEERS):
             date = str(d["date"].astype(str).max()) if "date" in d else ""
             gpu = str(d["gpu"].iloc[0]) if "gpu" in d else ""
