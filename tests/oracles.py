@@ -81,14 +81,36 @@ def mean_v(p: PreparedInputs) -> torch.Tensor:
     return out
 
 
+def e4m3_route_values(p: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 KV rows as the sm_90 e4m3 route holds them, written here from the format's definition: ``(values, F)``,
+    float64 (rows, 576) and (rows,). F = max(E, 33) - 133 for E the token's largest E8M0 byte (255: NaN values); a
+    block of scale byte s keeps its E2M1 values (times 2^(s - 127)) when s >= max(E, 33) - 11, else gives 0."""
+    vals = fp4_values(p.kv, p.kv_scales, "mxfp4")
+    s = p.kv_scales.cpu().view(torch.uint8).long()
+    e = s.amax(1).clamp(min=33)
+    keep = (s >= e[:, None] - 11).repeat_interleave(32, dim=1)
+    vals = torch.where(keep, vals, 0.0)
+    vals[e == 255] = float("nan")
+    return vals, (e - 133).double()
+
+
 def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | None, block: int = 64,
-                 sm_scale: float = 576**-0.5) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                 sm_scale: float = 576**-0.5,
+                 e4m3_route: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The decode of `plan` as a tiled kernel computes it, in float64 but for one rounding: each work streams its
     tokens in `block`-token tiles from its start with a running max (base 2); P = 2^(s - m) rounded to `p_dtype`
     (None: not rounded) feeds the value product, the unrounded P the softmax sum; split works merge by their LSEs.
-    This is the specification of the production numerics (fp8 P for a8w8, bf16 P for the 16-bit paths)."""
+    This is the specification of the production numerics (fp8 P for a8w8, bf16 P for the 16-bit paths).
+
+    `e4m3_route` (MXFP4 KV): the sm_90 e4m3 route's numerics: token t's values are 2^F_t times its residual
+    (`e4m3_route_values`), its base-2 logit gets + F_t, the running max is over those, P̂ = 2^(s + F - m) rounded to
+    `p_dtype` weights the residual rows, and the softmax sum adds P̂ · 2^-F (unrounded)."""
     q = p.q.cpu().double() * float(p.q_scale.cpu()[0])
     kv = kv_values(p)
+    f_tok = torch.zeros(kv.shape[0], dtype=torch.float64)
+    if e4m3_route:
+        kv, f_tok = e4m3_route_values(p)
+        kv = kv * float(p.kv_scale.cpu()[0])
     lens = torch.tensor([len(r) for r in token_rows(p)])
     rows_of = token_rows(p)
     wi = token_work_info(plan.to("cpu"), p.kv_indptr.cpu(), p.kv_last_page_len.cpu())
@@ -108,13 +130,14 @@ def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | No
             o = torch.zeros(16, 512, dtype=torch.float64)
             for t0 in range(0, len(kr), block):
                 k = kv[kr[t0 : t0 + block]]
-                s = (q[i] @ k.T) * sm_scale * log2e  # (16, tokens), base 2
+                f = f_tok[kr[t0 : t0 + block]]  # (0 but on the e4m3 route)
+                s = (q[i] @ k.T) * sm_scale * log2e + f[None, :]  # (16, tokens), base 2
                 m_new = torch.maximum(m, s.max(1).values)
                 alpha = torch.exp2(m - m_new)
                 pr = torch.exp2(s - m_new[:, None])
                 pv = pr if p_dtype is None else pr.to(p_dtype).double()
-                o = o * alpha[:, None] + pv @ k[:, :512]
-                l = l * alpha + pr.sum(1)
+                o = o * alpha[:, None] + pv @ (k[:, :512] * torch.exp2(-f)[:, None])
+                l = l * alpha + (pr * torch.exp2(-f)[None, :]).sum(1)
                 m = m_new
             has = l > 0
             o_i = torch.where(has[:, None], o / torch.where(has, l, 1.0)[:, None], 0.0)

@@ -254,9 +254,10 @@ def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
 @pytest.mark.parametrize("triton_copy", ["environment", "h200"])
 def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
     """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
-    hooks, the four fp4 precisions of v-fp4): the path's wgmmas (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68
-    HGMMA), no local memory, within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's conversion free of bank
-    conflicts, one 8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
+    hooks, the four fp4 precisions of v-fp4, the e4m3 route): the path's wgmmas (fp8: 18 score + 16 value QGMMA per
+    tile; 16-bit: 68 HGMMA), no local memory (but one register of the paged e4m3 route on Triton 3.6, outside the
+    tile loop), within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's conversion free of bank conflicts, one
+    8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
     body = (
         "from mlalab.kernels.sm90.build import compile_stage1\n"
         "runs = [('v-regs', m, fb, tl, ab) for m in (False, True) for fb in (None, 2) for tl, ab in ((0, 0),)]\n"
@@ -265,6 +266,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "runs = [(*r, None) for r in runs]\n"
         "runs += [('v-fp4', m, None, 0, 0, pr) for pr in ('a16w4-mxfp4', 'a8w4-mxfp4', 'a16w4-nvfp4', 'a8w4-nvfp4')\n"
         "         for m in (False, True)]\n"
+        "runs += [('v-fp4-e4m3', m, None, 0, 0, None) for m in (False, True)]\n"
         "runs = [(*r, None) for r in runs]\n"
         "runs += [(p, True, None, 0, 0, None, pg) for p, pg in (('v-regs', 16), ('v-regs', 32), ('v-tile', 16),\n"
         "                                                         ('v-conv', 16))]  # page by page\n"
@@ -278,10 +280,15 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0))\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 23, out
-    for _, path, _mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
+    assert len(rows) == 25, out
+    for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
-        assert int(stack) == 0 and local == "0", out  # (a masked V operand once made the paged fp8 loop spill)
+        if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
+            # Triton 3.6 spills one register of the paged e4m3 route: stored once before the tile loop and loaded
+            # once after each work's tiles (read in its SASS; 3.9 spills nothing). Anything more is a regression.
+            assert int(stack) <= 8 and int(local) <= 2, out
+        else:
+            assert int(stack) == 0 and local == "0", out  # (a masked V operand once made the paged fp8 loop spill)
         if path == "v-regs":
             assert conflicts == "0", out  # the V load of the register operand
             assert int(gmma) == {"0": 34, "1": 16, "2": 0}[ab], out  # ablations drop the products they name
@@ -289,6 +296,8 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
                 assert int(stg64) >= 16, out  # the fp16 partial: one 8-byte vector of 4 heads per row
         elif path == "v-fp4":  # the rope chunk's code load and word store (the value chunks: see fp4tiles)
             assert int(gmma) == 68 and conflicts == "0,0", out
+        elif path == "v-fp4-e4m3":  # fp8 products (18 + 16 QGMMA), the rope chunk's conversion and the V load
+            assert int(gmma) == 34 and conflicts == "0,0,0", out
         else:
             assert int(gmma) == 68 and conflicts == "-", out
         assert int(lg2) >= 4, out  # the LSE's log2 on the SFU (one per head column a thread holds)

@@ -144,7 +144,8 @@ class Decoder:
         if sm90:
             cta_indptr, row_info = sm90_host.row_passes(plan.work_indptr, work_info)
             self.work_info = row_info.to(dev)
-            self.sm90 = sm90_host.Sm90Stage1(prepared, cta_indptr, row_info, launch_dependents=self.use_pdl)
+            self.sm90 = sm90_host.Sm90Stage1(prepared, cta_indptr, row_info, launch_dependents=self.use_pdl,
+                                             asked=config.kernel == "sm90")  # fmt: skip
 
     def _gluon_reduce(self, most: int) -> Callable[[], None]:
         from .sm90 import reduce as R

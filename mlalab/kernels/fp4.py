@@ -33,7 +33,8 @@ from ..checks import check_tensor
 from ..quant import MXFP4_RECIPES
 from ..quant.mx import MX_BLOCK, NVFP4_BLOCK, mxfp4_dequantize, nvfp4_dequantize
 
-__all__ = ["FP4_FORMATS", "FP4_RECIPES", "DEFAULT_RECIPES", "Fp4Cache", "quantize_kv_fp4", "to_fp4_cache"]
+__all__ = ["FP4_FORMATS", "FP4_RECIPES", "DEFAULT_RECIPES", "Fp4Cache", "quantize_kv_fp4", "to_fp4_cache",
+           "E4M3_SHIFT", "E4M3_WINDOW", "E4M3_MIN_SCALE", "e4m3_residuals"]  # fmt: skip
 
 #: Block size of each fp4 KV format.
 FP4_FORMATS = {"mxfp4": MX_BLOCK, "nvfp4": NVFP4_BLOCK}
@@ -253,3 +254,45 @@ def to_fp4_cache(kv: torch.Tensor, recipe: str = "mxfp4-aiter") -> Fp4Cache:
         return Fp4Cache(*nvfp4_quantize(kv), recipe)
     codes, scales = mxfp4_quantize(kv, *MXFP4_RECIPES[recipe])
     return Fp4Cache(codes, scales, torch.ones(1), recipe)
+
+
+#: The e4m3 route of the sm_90 kernel (fp8 q with MXFP4 KV, `mlalab.kernels.sm90.fp4tiles`): each token's values are
+#: ``2^F`` times e4m3 codes, so both products run on fp8 wgmma. A token's largest block scale 2^(E-127) becomes
+#: ``2^E4M3_SHIFT`` in the residual (its E2M1 values up to 6 · 2^6 = 384, e4m3fn's largest being 448) ...
+E4M3_SHIFT = 6
+#: ... and a block whose scale is at most `E4M3_WINDOW` binades below the token's largest keeps every E2M1 value
+#: exactly (E2M1 × 2^j is a normal e4m3 for j = -5 .. 6: its code is a table entry plus j in the exponent field);
+#: blocks further down are flushed to zero (their values are below 6 · 2^-11 of the largest block's scale, i.e. under
+#: 2^-9.4 of that block's own rounding step).
+E4M3_WINDOW = 11
+#: E8M0 floor of the token exponent: F >= E4M3_MIN_SCALE - 127 - E4M3_SHIFT = -100, so that 2^-F (a token's weight in
+#: the softmax sum) stays a normal fp32 below 2^100. Tokens whose largest block scale is under 2^-94 are treated as if
+#: it were 2^-94 (their blocks below 2^-105 are flushed).
+E4M3_MIN_SCALE = 33
+
+
+def e4m3_residuals(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 rows as the sm_90 e4m3 route holds them, computed on the CPU: ``(residuals, exponents)``, residuals
+    ``(rows, 576)`` e4m3fn codes as uint8 and exponents ``(rows,)`` int32, with each value equal to
+    ``e4m3(residual) · 2^F`` exactly, except blocks more than `E4M3_WINDOW` binades below the token's largest scale,
+    which are ±0 (signs kept). ``F = max(E, E4M3_MIN_SCALE) - 127 - E4M3_SHIFT`` where E is the token's largest E8M0
+    byte; F = 122 (E = 255) marks a token with a NaN block scale, which the kernel decodes as NaN scores.
+
+    `codes`: ``(rows, 288)`` uint8, two E2M1 codes per byte (even index in the low nibble); `scales`: ``(rows, 18)``
+    uint8 E8M0 (`Fp4Cache` of an MXFP4 recipe)."""
+    check_tensor("codes", codes, ndim=2, dtypes=(torch.uint8,))
+    check_tensor("scales", scales, ndim=2, dtypes=(torch.uint8,))
+    if codes.shape[1] != _DIM // 2 or tuple(scales.shape) != (codes.shape[0], _DIM // MX_BLOCK):
+        raise ValueError(f"codes must be (rows, {_DIM // 2}) and scales (rows, {_DIM // MX_BLOCK}) (MXFP4), got "
+                         f"{tuple(codes.shape)} and {tuple(scales.shape)}")  # fmt: skip
+    c = codes.cpu().to(torch.int64)
+    nib = torch.stack([c & 15, c >> 4], -1).reshape(c.shape[0], _DIM)
+    s = scales.cpu().to(torch.int64)
+    e = torch.clamp(s.amax(1, keepdim=True) if s.shape[0] else s[:, :1], min=E4M3_MIN_SCALE)
+    j = (s - e + E4M3_SHIFT).repeat_interleave(MX_BLOCK, dim=1)  # the block's binade in the residual
+    # E2M1 magnitude m (1..7) at j = -5: e4m3 codes 0x08, 0x10, 0x14, 0x18, 0x1C, 0x20, 0x24; j adds to the exponent
+    base = torch.tensor([0x00, 0x08, 0x10, 0x14, 0x18, 0x1C, 0x20, 0x24], dtype=torch.int64)[nib & 7]
+    keep = (j >= E4M3_SHIFT - E4M3_WINDOW) & (base > 0)
+    mag = torch.where(keep, base + ((j - (E4M3_SHIFT - E4M3_WINDOW)) << 3), 0)
+    res = (mag | ((nib & 8) << 4)).to(torch.uint8)
+    return res, (e[:, 0] - 127 - E4M3_SHIFT).to(torch.int32)

@@ -121,9 +121,10 @@ def _report(ck: Any, stages: int, conflicts: tuple[int, ...]) -> BuildReport:
     )
 
 
-#: The operand types of each stage-1 path (`host.PATHS`): (q, KV); ``uint8``: fp4 codes (``v-fp4``).
+#: The operand types of each stage-1 path (`host.RING`): (q, KV); ``uint8``: fp4 codes (``v-fp4``, ``v-fp4-e4m3``).
 PATH_DTYPES = {"v-regs": ("float8_e4m3fn", "float8_e4m3fn"), "v-tile": ("bfloat16", "bfloat16"),
-               "v-conv": ("bfloat16", "float8_e4m3fn"), "v-fp4": ("bfloat16", "uint8")}  # fmt: skip
+               "v-conv": ("bfloat16", "float8_e4m3fn"), "v-fp4": ("bfloat16", "uint8"),
+               "v-fp4-e4m3": ("float8_e4m3fn", "uint8")}  # fmt: skip
 
 #: The precisions of the ``v-fp4`` path: (q type, the kernel's ``KV_FP4``: 1 MXFP4, 2 NVFP4).
 FP4_BUILDS = {"a16w4-mxfp4": ("bfloat16", 1), "a8w4-mxfp4": ("float8_e4m3fn", 1),
@@ -135,11 +136,12 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
                    page: int | None = None) -> BuildReport:  # fmt: skip
     """Compile the sm_90 stage 1 (`stage1.stage1_kernel`) on `path` (``"v-regs"``: fp8 q and KV, ``"v-tile"``: bf16,
     ``"v-conv"``: bf16 q and fp8 KV, ``"v-fp4"``: fp4 KV of `precision`, one of `FP4_BUILDS`, default
-    ``a16w4-mxfp4``) for sm_90, as the decoder launches it: its ring (`host.RING`), fp16 partials for fp8 KV, else
-    fp32, the reduce as a programmatic dependent. ``mask_tail``: a paged cache's tail masking; ``first_burst``: the
-    ring tiles issued at the start (None: the whole ring); ``timeline`` / ``ablate``: the measurement hooks (the
-    kernel's ``TIMELINE``, ``ABLATE``); ``page``: 16 or 32 to build the page-by-page tile loads of such caches (with
-    ``mask_tail``, as the decoder launches them; not on v-fp4), None for whole-tile loads."""
+    ``a16w4-mxfp4``; ``"v-fp4-e4m3"``: fp8 q with MXFP4 KV on the e4m3 route) for sm_90, as the decoder launches
+    it: its ring (`host.RING`), fp16 partials for fp8 KV, else fp32, the reduce as a programmatic dependent.
+    ``mask_tail``: a paged cache's tail masking; ``first_burst``: the ring tiles issued at the start (None: the whole
+    ring); ``timeline`` / ``ablate``: the measurement hooks (the kernel's ``TIMELINE``, ``ABLATE``); ``page``: 16 or
+    32 to build the page-by-page tile loads of such caches (with ``mask_tail``, as the decoder launches them; not on
+    the fp4 paths), None for whole-tile loads."""
     import torch
     from triton.runtime.driver import driver
 
@@ -160,14 +162,14 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
             raise ValueError(f"precision must be one of {', '.join(FP4_BUILDS)} on v-fp4, got {precision!r}")
     elif precision is not None:
         raise ValueError(f"precision chooses among the fp4 builds of v-fp4; {path} has one build")
-    if page is not None and (page not in SUB_TILE_PAGES or path == "v-fp4"):
+    if page is not None and (page not in SUB_TILE_PAGES or path.startswith("v-fp4")):
         raise ValueError(f"page must be None or one of {SUB_TILE_PAGES} (not on v-fp4), got {page!r} on {path}")
     for name, flag in (("mask_tail", mask_tail), ("timeline", timeline)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     driver.set_active(_Sm90Driver())
     q_dtype, kv_dtype = (getattr(torch, n) for n in PATH_DTYPES[path])
-    kv_fp4 = 0
+    kv_fp4 = 1 if path == "v-fp4-e4m3" else 0
     if path == "v-fp4":
         q_name, kv_fp4 = FP4_BUILDS[precision]
         q_dtype = getattr(torch, q_name)
@@ -186,7 +188,8 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
             po, pl, one, one, scales, 4096 if kv_fp4 else 0, 0.04,
             torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16, D_NOPE=512, D_ROPE=64,
             BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
-            LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4, TIMELINE=timeline,
+            LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4,
+            FP4_E4M3=path == "v-fp4-e4m3", TIMELINE=timeline,
             ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
         )  # fmt: skip
     conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))

@@ -26,6 +26,18 @@ NaN scale, which the quantiser never writes, decodes as ±480 where the portable
 
 With fp8 q (``a8w4``) the q rows are converted once per work into a bf16 buffer (`_convert_q`, the e4m3 → bf16
 conversion of the a16w8 path: exact), so both products run on bf16 operands and P is rounded to bf16.
+
+**The e4m3 route** (``v-fp4-e4m3``: fp8 q with MXFP4 KV, ``E4M3=True``) keeps both products on fp8 wgmma, as a8w8:
+each token's values are ``2^F`` times e4m3 codes (`mlalab.kernels.fp4.e4m3_residuals` is its CPU model, bit for
+bit). F comes from the token's largest E8M0 byte E (`_token_exponents`: ``F = max(E, 33) - 133``); a block of scale
+byte s holds E2M1 × 2^j, j = s - max(E, 33) + 6, which for j >= -5 is an e4m3 code by a table lookup plus j in the
+exponent field (`_E2M1_TO_E4M3X4`; blocks below are flushed to ±0, `mlalab.kernels.fp4.E4M3_WINDOW`). The tile of
+e4m3 codes (64 × 576 bytes) is what the QK and the V-in-registers PV read. The factor 2^F runs along the tokens,
+which is the M dim of the scores and the K dim of the PV, so it enters the softmax instead: the score column of
+token t is multiplied by 2^F_t and F_t is added to its base-2 logit, so ``P̂ = 2^(s + F - m̂)`` (rounded to e4m3 as
+a8w8's P) weights the residual rows and the softmax sum adds ``P̂ · 2^-F`` — the same output and LSE, with the
+running max m̂ taken over the shifted logits. NVFP4 stays on the bf16 route: its E2M1 × E4M3 products have up to 6
+significant bits, which e4m3's 4 cannot hold.
 """
 
 from __future__ import annotations
@@ -34,9 +46,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.runtime.jit import constexpr_function
 
+from .. import fp4 as _fp4
 from .vpaths import _E4M3_TO_BF16
 
-__all__ = ["E2M1_BF16_LUT", "BLOCK_BYTES", "FP4_NOPE_BYTES", "FP4_ROPE_BYTES"]
+__all__ = ["E2M1_BF16_LUT", "E2M1_E4M3_LUT", "BLOCK_BYTES", "FP4_NOPE_BYTES", "FP4_ROPE_BYTES"]
 
 #: Code bytes per scale block (MXFP4 16, NVFP4 8), by the kernel's ``KV_FP4`` (1 MXFP4, 2 NVFP4).
 BLOCK_BYTES = gl.constexpr((0, 16, 8))
@@ -85,6 +98,44 @@ prmt.b32 g, w4, $4, 0xFFBB;
 lop3.b32 m, m, g, 0x80008000, 0xF8;
 mul.rn.bf16x2 $3, m, $5;
 }""")
+
+#: The e4m3 route's conversion: 4 bytes of packed E2M1 codes ($2, as in `_E2M1_TO_BF16X2`) of one MXFP4 block with
+#: its block word ($3: the byte ``(j + 5) << 3`` in all four bytes, or 0x80808080 for a flushed block) -> 8 e4m3 codes
+#: ($0 = values 0-3, $1 = values 4-7, value 2k + 1 in the byte after value 2k). A flushed block's magnitudes are
+#: masked to 0 (LOP3 0x20 = a & ~b & c, with the block word's sign bits replicated by ``prmt``); each magnitude
+#: nibble selects its e4m3 code at j = -5 from an 8-entry byte table (`E2M1_E4M3_LUT`, one ``prmt`` per 4 values); the
+#: nonzero bytes get j + 5 added to their exponent field (the table's bytes are <= 0x24 and j + 5 <= 11: no byte
+#: carries into the next, and 0x7F + a byte sets its bit 7 iff it is nonzero, which ``prmt`` replicates into a byte
+#: mask); the sign bits are OR-ed in as on the bf16 route. 18 instructions per 8 codes.
+_E2M1_TO_E4M3X4 = gl.constexpr("""{
+.reg .b32 rep, m, s1, w4, t, x, nz, g;
+prmt.b32 rep, $3, 0, 0xBA98;
+lop3.b32 m, $2, rep, 0x77777777, 0x20;
+shr.b32 s1, m, 16;
+shl.b32 w4, $2, 4;
+prmt.b32 t, 0x14100800, 0x24201C18, m;
+add.u32 x, t, 0x7F7F7F7F;
+prmt.b32 nz, x, 0, 0xBA98;
+and.b32 nz, nz, $3;
+add.u32 t, t, nz;
+prmt.b32 g, w4, $2, 0xD9C8;
+lop3.b32 $0, t, g, 0x80808080, 0xF8;
+prmt.b32 t, 0x14100800, 0x24201C18, s1;
+add.u32 x, t, 0x7F7F7F7F;
+prmt.b32 nz, x, 0, 0xBA98;
+and.b32 nz, nz, $3;
+add.u32 t, t, nz;
+prmt.b32 g, w4, $2, 0xFBEA;
+lop3.b32 $1, t, g, 0x80808080, 0xF8;
+}""")
+
+#: The e4m3 codes of the 8 E2M1 magnitudes times 2^-5 (`_E2M1_TO_E4M3X4`'s table, index = the code's low 3 bits).
+E2M1_E4M3_LUT = gl.constexpr((0x00, 0x08, 0x10, 0x14, 0x18, 0x1C, 0x20, 0x24))
+#: The e4m3 route's constants (`mlalab.kernels.fp4`): the residual binade of a token's largest block, the blocks kept
+#: below it, the floor of a token's E8M0 exponent.
+E4M3_SHIFT = gl.constexpr(_fp4.E4M3_SHIFT)
+E4M3_WINDOW = gl.constexpr(_fp4.E4M3_WINDOW)
+E4M3_MIN_SCALE = gl.constexpr(_fp4.E4M3_MIN_SCALE)
 
 #: A tile's code chunk (64 tokens × 32 bytes) as loaded from shared memory: 16 consecutive bytes a thread, lanes
 #: along the tokens first (8 lanes of a 16-byte load phase see 8 tokens of one 16-byte column: 0 bank conflicts in the
@@ -212,23 +263,41 @@ def _scale_words(s, KV_FP4: gl.constexpr):
 
 
 @gluon.jit
-def _convert_chunk(src, dst, scales, n_valid, MASK_TAIL: gl.constexpr, KV_FP4: gl.constexpr, BLOCK_N: gl.constexpr,
-                   REPORT: gl.constexpr):  # fmt: skip
-    """One 32-byte column chunk of codes (`src`, 64 tokens × 32 bytes) times its block `scales` into 32 bf16x2 words a
-    token of `dst` (int32 view of the bf16 tile); with `MASK_TAIL`, tokens `n_valid` .. zeroed (a paged cache's
-    unused slots may hold NaN scales: 0 · NaN = NaN in the PV). `REPORT`: print the bank conflicts of the code load
-    and the word store while compiling (`build`)."""
+def _block_words(s, e_max, BLOCK_N: gl.constexpr):
+    """The e4m3 route's block words (`_E2M1_TO_E4M3X4`'s $3) of E8M0 block scale bytes `s` (64 tokens, blocks), int32,
+    given each token's floored largest scale byte `e_max` (64,): ``(j + 5) << 3`` in every byte, j = s - e_max + 6,
+    or 0x80808080 where j < -5 (flushed)."""
+    k = s - gl.convert_layout(e_max, gl.SliceLayout(1, s.type.layout))[:, None] + E4M3_WINDOW  # j + 5
+    return gl.where(k >= 0, (k << 3) * 0x01010101, gl.full_like(k, -2139062144))  # (-2139062144 = 0x80808080)
+
+
+@gluon.jit
+def _convert_chunk(src, dst, scales, e_max, n_valid, MASK_TAIL: gl.constexpr, KV_FP4: gl.constexpr,
+                   BLOCK_N: gl.constexpr, E4M3: gl.constexpr, REPORT: gl.constexpr):  # fmt: skip
+    """One 32-byte column chunk of codes (`src`, 64 tokens × 32 bytes) times its block `scales` into `dst`: 32 bf16x2
+    words a token (int32 view of the bf16 tile), or with `E4M3` 32 pairs of e4m3 codes (int16 view of the fp8 tile;
+    `e_max`: the tokens' floored largest scale bytes, `_token_exponents`); with `MASK_TAIL`, tokens `n_valid` ..
+    zeroed (a paged cache's unused slots may hold NaN scales: 0 · NaN = NaN in the PV; e4m3: their blocks
+    flushed). `REPORT`: print the bank conflicts of the code load and the word store while compiling (`build`)."""
     G: gl.constexpr = BLOCK_BYTES[KV_FP4]
     B3: gl.constexpr = _blocks_layout(KV_FP4)
     raw = src.load(_CODES)
     if REPORT:
         gl.static_print("mlalab hopper: fp4 code load bank conflicts =", gl.bank_conflicts(raw.type, src.type))
     codes = gl.convert_layout(raw.reshape([BLOCK_N, 32 // G, G]), B3)
-    s = gl.expand_dims(_scale_words(_block_scales(scales, KV_FP4, BLOCK_N), KV_FP4), 2)
-    words = gl.inline_asm_elementwise(_E2M1_TO_BF16X2, "=r,=r,=r,=r,r,r,r,r,r", [codes, s], dtype=gl.int32,
-                                      is_pure=True, pack=4)  # fmt: skip
+    if E4M3:
+        w = _block_words(_block_scales(scales, KV_FP4, BLOCK_N), e_max, BLOCK_N)
+        if MASK_TAIL:  # (tail tokens flushed like a block out of range: ±0, whatever their codes and scales)
+            rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w.type.layout))
+            w = gl.where((rows < n_valid)[:, None], w, gl.full_like(w, -2139062144))
+        words = gl.inline_asm_elementwise(_E2M1_TO_E4M3X4, "=r,=r,r,r,r,r,r", [codes, gl.expand_dims(w, 2)],
+                                          dtype=gl.int16, is_pure=True, pack=4)  # fmt: skip
+    else:
+        s = gl.expand_dims(_scale_words(_block_scales(scales, KV_FP4, BLOCK_N), KV_FP4), 2)
+        words = gl.inline_asm_elementwise(_E2M1_TO_BF16X2, "=r,=r,=r,=r,r,r,r,r,r", [codes, s], dtype=gl.int32,
+                                          is_pure=True, pack=4)  # fmt: skip
     words = gl.convert_layout(words.reshape([BLOCK_N, 32]), _CODES)
-    if MASK_TAIL:
+    if MASK_TAIL and not E4M3:
         rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _CODES))
         words = gl.where((rows < n_valid)[:, None], words, gl.zeros_like(words))
     if REPORT:
@@ -237,20 +306,36 @@ def _convert_chunk(src, dst, scales, n_valid, MASK_TAIL: gl.constexpr, KV_FP4: g
 
 
 @gluon.jit
+def _token_exponents(sc_nope, sc_rope):
+    """Each token's largest E8M0 block scale byte, floored at `E4M3_MIN_SCALE` (64,) int32, from a tile's scale units
+    (`_load_tile_scales`, MXFP4 bytes): the e4m3 route's F = result - 127 - `E4M3_SHIFT`."""
+    e_nope = gl.max(gl.max(sc_nope.to(gl.int32), axis=2), axis=1)
+    e_rope = gl.convert_layout(gl.max(sc_rope.to(gl.int32), axis=1), e_nope.type.layout)
+    return gl.maximum(gl.maximum(e_nope, e_rope), E4M3_MIN_SCALE)
+
+
+@gluon.jit
 def _convert_fp4_tile(codes_n, codes_r, scn_smem, scr_smem, kb_words, krb_words, n_valid, MASK_TAIL: gl.constexpr,
-                      KV_FP4: gl.constexpr, BLOCK_N: gl.constexpr, REPORT: gl.constexpr):  # fmt: skip
+                      KV_FP4: gl.constexpr, BLOCK_N: gl.constexpr, E4M3: gl.constexpr,
+                      REPORT: gl.constexpr):  # fmt: skip
     """A ring tile of fp4 codes (value dims `codes_n` (64, 256 bytes), rope dims `codes_r` (64, 32 bytes)) with its
-    block scales (staged by `_load_tile_scales` in `scn_smem`, `scr_smem`) into the bf16 tile (int32 views
-    `kb_words` (64, 256), `krb_words` (64, 32)): 8 value chunks and the rope chunk (not masked: a masked token's
-    score is -inf)."""
+    block scales (staged by `_load_tile_scales` in `scn_smem`, `scr_smem`) into the converted tile (`kb_words`,
+    `krb_words`: int32 views (64, 256), (64, 32) of the bf16 tile, or with `E4M3` int16 views of the same shapes of
+    the e4m3 tile): 8 value chunks and the rope chunk (not masked: a masked token's score is -inf). Returns the
+    tokens' floored largest scale bytes (`_token_exponents`: the e4m3 route's F + 133) with `E4M3`, else 0."""
     sc_nope = scn_smem.load(_TILE_SCALES)
     sc_rope = scr_smem.load(_CHUNK_SCALES)
+    e_max = 0
+    if E4M3:
+        e_max = _token_exponents(sc_nope, sc_rope)
     for c in gl.static_range(8):
         _convert_chunk(codes_n.slice(c * 32, 32, dim=1), kb_words.slice(c * 32, 32, dim=1),
-                       _chunk_scales(sc_nope, c, BLOCK_N), n_valid, MASK_TAIL, KV_FP4, BLOCK_N, False)  # fmt: skip
+                       _chunk_scales(sc_nope, c, BLOCK_N), e_max, n_valid, MASK_TAIL, KV_FP4, BLOCK_N, E4M3,
+                       False)  # fmt: skip
     # (`gl.bank_conflicts` counts whole buffers only: the rope chunk's. The value chunks' 8 lanes of a 16-byte phase
     # see 8 tokens of one 16-byte column, which the 128-byte swizzle puts in 8 distinct bank groups.)
-    _convert_chunk(codes_r, krb_words, sc_rope, n_valid, False, KV_FP4, BLOCK_N, REPORT)
+    _convert_chunk(codes_r, krb_words, sc_rope, e_max, n_valid, False, KV_FP4, BLOCK_N, E4M3, REPORT)
+    return e_max
 
 
 #: q rows (16 heads × 64 dims) of e4m3 codes -> bf16, 8 codes a thread.
@@ -276,11 +361,14 @@ _HAS_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpre
 
 
 @gluon.jit
-def _as_words(tile, ROWS: gl.constexpr, COLS: gl.constexpr):
-    """The bf16 tile buffer `tile` (1, ROWS, COLS) with a 128-byte swizzle, viewed as (1, ROWS, COLS / 2) int32 in the
-    same bytes (the swizzle permutes 16-byte units, so a pair of bf16 columns is one int32 column)."""
-    W: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+def _as_words(tile, ROWS: gl.constexpr, COLS: gl.constexpr, SWIZZLE: gl.constexpr, WORD: gl.constexpr):
+    """The converted tile buffer `tile` (1, ROWS, COLS) with a `SWIZZLE`-byte swizzle, viewed as (1, ROWS, COLS · bits
+    / WORD's bits) of `WORD` (int32 for a bf16 tile, int16 for an e4m3 one) in the same bytes (the swizzle permutes
+    16-byte units, so a word never straddles two)."""
+    WB: gl.constexpr = WORD.primitive_bitwidth
+    W: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=WB, rank=2)
+    n: gl.constexpr = COLS * tile.dtype.primitive_bitwidth // WB
     if _HAS_REINTERPRET:
-        return tile.reinterpret(gl.int32, [1, ROWS, COLS // 2], W)
+        return tile.reinterpret(WORD, [1, ROWS, n], W)
     else:
-        return tile._reinterpret(gl.int32, [1, ROWS, COLS // 2], W)
+        return tile._reinterpret(WORD, [1, ROWS, n], W)

@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .epilogue import _store_work_natural, _store_work_vregs
-from .fp4tiles import _as_words, _convert_fp4_tile, _convert_q, _load_tile_scales, _scale_buffers
+from .fp4tiles import E4M3_SHIFT, _as_words, _convert_fp4_tile, _convert_q, _load_tile_scales, _scale_buffers
 from .vpaths import _convert_tile, _p_operand, _pv_operand, _zero_tail_rows
 
 __all__ = ["BLOCK_N", "INFO_COLS", "TIMELINE_COLS", "TIMELINE_MAX", "stage1_kernel", "make_descriptors"]
@@ -129,6 +129,12 @@ def _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, n_til
 
 
 @gluon.jit
+def _pow2(f):
+    """2^f as fp32 for integer f in [-126, 127] (built from its exponent bits)."""
+    return ((f + 127) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
 def _work_row(info):
     """A work's row of the token work table (8 int32 at `info`): partial row (-1: none), first q row, KV token
     range."""
@@ -161,6 +167,7 @@ def _stage1_kernel(
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, MASK_TAIL: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr,
     FIRST_BURST: gl.constexpr,  # ring tiles issued at the start (NUM_STAGES: all); the rest once tile 0 has arrived
     KV_FP4: gl.constexpr,  # 0: fp8 / bf16 KV; 1: MXFP4 codes + E8M0 scales; 2: NVFP4 codes + E4M3 scales (`fp4tiles`)
+    FP4_E4M3: gl.constexpr,  # fp8 q, MXFP4 KV on fp8 wgmma: tiles of e4m3 residuals, 2^F in the softmax (`fp4tiles`)
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
@@ -170,15 +177,19 @@ def _stage1_kernel(
     gl.static_assert(BLOCK_N == 64 and D_NOPE == 512, "the V layouts are written for 64-token tiles of 512 values")
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth  # the KV as stored and TMA'd (the ring's type)
-    # the wgmma operands' type: q's, or bf16 with fp4 KV (whatever q's type: fp8 q is converted once per work)
-    mma_type: gl.constexpr = gl.bfloat16 if KV_FP4 else qn_desc.dtype
+    gl.static_assert(not FP4_E4M3 or (KV_FP4 == 1 and qn_desc.dtype.primitive_bitwidth == 8),
+                     "the e4m3 route is for fp8 q with MXFP4 KV")  # fmt: skip
+    # the wgmma operands' type: q's, or bf16 with fp4 KV (whatever q's type: fp8 q is converted once per work) except
+    # on the e4m3 route (q's fp8)
+    mma_type: gl.constexpr = gl.bfloat16 if KV_FP4 and not FP4_E4M3 else qn_desc.dtype
     MMA_BITS: gl.constexpr = mma_type.primitive_bitwidth
-    Q_CONVERT: gl.constexpr = KV_FP4 and qn_desc.dtype.primitive_bitwidth == 8  # a8w4: q rows to bf16 per work
+    Q_CONVERT: gl.constexpr = KV_FP4 and qn_desc.dtype.primitive_bitwidth == 8 and not FP4_E4M3  # q rows to bf16
     # the V paths (`vpaths`, `fp4tiles`), decided by the operand types
     V_IN_REGS: gl.constexpr = MMA_BITS == 8  # fp8 q and KV: Vᵀ as the PV's register operand
     V_FROM_K: gl.constexpr = MMA_BITS == 16  # 16-bit operands: the PV reads Vᵀ transposed from the K tile
-    # bf16 q with fp8 KV, or fp4 KV: each ring tile converted to one bf16 tile first, which QK and PV read
-    KV_CONVERT: gl.constexpr = MMA_BITS == 16 and KV_BITS == 8
+    # bf16 q with fp8 KV, or fp4 KV: each ring tile converted to one bf16 (e4m3 route: e4m3) tile first, which QK and
+    # PV read
+    KV_CONVERT: gl.constexpr = (MMA_BITS == 16 and KV_BITS == 8) or FP4_E4M3
     gl.static_assert(not KV_FP4 or kn_desc.dtype == gl.uint8, "fp4 KV arrives as packed code bytes (uint8)")
     gl.static_assert(KV_BITS == MMA_BITS or KV_CONVERT, "q and KV of one type, bf16 q with fp8 KV, or fp4 KV")
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
@@ -232,13 +243,17 @@ def _stage1_kernel(
     qn_smem = gl.allocate_shared_memory(qn_desc.dtype, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(qr_desc.dtype, [2, NQ, D_ROPE], qr_desc.layout)
     p_smem = gl.allocate_shared_memory(mma_type, [2, NQ, BLOCK_N], T_LAYOUT)
-    if KV_CONVERT:  # the one bf16 tile that QK and PV read (the ring holds the codes as TMA brought them)
-        KB_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    if KV_CONVERT:  # the one bf16 / e4m3 tile that QK and PV read (the ring holds the codes as TMA brought them)
+        KB_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=MMA_BITS, rank=2)
+        RB_SWIZZLE: gl.constexpr = 128 if D_ROPE * MMA_BITS // 8 >= 128 else D_ROPE * MMA_BITS // 8
+        KRB_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=RB_SWIZZLE, element_bitwidth=MMA_BITS,
+                                                        rank=2)  # fmt: skip
         kb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_NOPE], KB_LAYOUT)
-        krb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_ROPE], KB_LAYOUT)
-    if KV_FP4:  # the bf16 tile as int32 words (2 values each): what the fp4 conversion stores
-        kb_words = _as_words(kb_smem, BLOCK_N, D_NOPE)
-        krb_words = _as_words(krb_smem, BLOCK_N, D_ROPE)
+        krb_smem = gl.allocate_shared_memory(mma_type, [1, BLOCK_N, D_ROPE], KRB_LAYOUT)
+    if KV_FP4:  # the converted tile as the words the fp4 conversion stores: int32 (2 bf16), int16 (2 e4m3 codes)
+        WORD: gl.constexpr = gl.int16 if FP4_E4M3 else gl.int32
+        kb_words = _as_words(kb_smem, BLOCK_N, D_NOPE, 128, WORD)
+        krb_words = _as_words(krb_smem, BLOCK_N, D_ROPE, RB_SWIZZLE, WORD)
     if Q_CONVERT:  # fp8 q: the one bf16 copy of the current work's q rows that the QK reads
         qb_smem = gl.allocate_shared_memory(mma_type, [1, NQ, D_NOPE], KB_LAYOUT)
         qrb_smem = gl.allocate_shared_memory(mma_type, [1, NQ, D_ROPE], KB_LAYOUT)
@@ -319,18 +334,21 @@ def _stage1_kernel(
             kn = kn_smem.index(s)
             if KV_CONVERT:
                 # PV(it-1) read the bf16 tile: complete in this warp, then (barrier) in every warp, before it is
-                # overwritten with this tile's codes as bf16 (exact: every e4m3 value is a bf16 value)
+                # overwritten with this tile's codes as bf16 (exact: every e4m3 value is a bf16 value). (The e4m3
+                # route's PV(it-1) reads registers, but they stay live until it completes: the conversion beside them
+                # spilled)
                 o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
-                _cta_barrier()
+                if not V_IN_REGS:
+                    _cta_barrier()
                 # (the one buffer indexed by a value the compiler cannot fold, 0: with a constant address ptxas
                 # computes the 68 wgmma descriptors of the tile once, before the loop, and spills them)
                 zero = (it < 0).to(gl.int32)
                 kb = kb_smem.index(zero)
                 krb = krb_smem.index(zero)
-                if KV_FP4:  # codes x block scales (exact: `fp4tiles`)
-                    _convert_fp4_tile(kn, kr_smem.index(s), scn_smem, scr_smem, kb_words.index(zero),
-                                      krb_words.index(zero), kv_end - start, MASK_TAIL, KV_FP4, BLOCK_N,
-                                      REPORT)  # fmt: skip
+                if KV_FP4:  # codes x block scales (exact: `fp4tiles`), or e4m3 residuals and the tokens' exponents
+                    e_max = _convert_fp4_tile(kn, kr_smem.index(s), scn_smem, scr_smem, kb_words.index(zero),
+                                              krb_words.index(zero), kv_end - start, MASK_TAIL, KV_FP4, BLOCK_N,
+                                              FP4_E4M3, REPORT)  # fmt: skip
                 else:
                     _convert_tile(kn, kb, kv_end - start, MASK_TAIL, BLOCK_N, D_NOPE)
                     _convert_tile(kr_smem.index(s), krb, BLOCK_N, False, BLOCK_N, D_ROPE)  # (rope: scores masked)
@@ -342,12 +360,12 @@ def _stage1_kernel(
                 if KV_FP4:  # the next tile's block scales, in flight while this tile's QK and softmax run
                     sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row_sc, it + 1 < n_tiles, KV_ROWS, KV_FP4, BLOCK_N)
                 kn = kb
-            if V_IN_REGS:
+            if V_IN_REGS and not KV_CONVERT:
                 # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and
                 # its P buffer are free. (Waiting for it only after issuing QK, with a partial wait_group, makes
                 # ptxas serialise every wgmma of the kernel; waiting for both after the V load spills.)
                 o_cur = warpgroup_mma_wait(0, deps=(o_acc,))
-                if MASK_TAIL:  # noqa: SIM102
+                if MASK_TAIL and not KV_CONVERT:  # noqa: SIM102 (a converted tile has its tail zeroed already)
                     if kv_end - start < BLOCK_N:  # a work's last tile of a paged cache: zero V's tail rows in shared
                         # memory (NaN-safe PV) before QK and the V load read the tile; a masked select on the V
                         # operand's registers instead made the whole loop spill
@@ -384,12 +402,20 @@ def _stage1_kernel(
                     _stamp(tl_row, 8 + TIMELINE_MAX + it)
 
             # Online softmax over the tile's tokens (axis 0), per head column, in base 2.
-            sc = s_acc * qk_scale
+            if FP4_E4M3:  # token t's values are 2^F_t times the tile's: score x 2^F_t, logit + F_t (`fp4tiles`)
+                f_tok = gl.convert_layout(e_max, gl.SliceLayout(1, ACC)) - (127 + E4M3_SHIFT)
+                col = gl.where(f_tok == 255 - 127 - E4M3_SHIFT, float("nan"), _pow2(f_tok))  # (E8M0 NaN: NaN scores)
+                sc = s_acc * (qk_scale * col)[:, None] + f_tok.to(gl.float32)[:, None]
+            else:
+                sc = s_acc * qk_scale
             sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(sc, axis=0))
             alpha = gl.exp2(m_i - m_new)
             p = gl.exp2(sc - m_new[None, :])
-            l_acc = l_acc * alpha[None, :] + p
+            if FP4_E4M3:  # the softmax sum counts P = P̂ · 2^-F
+                l_acc = l_acc * alpha[None, :] + p * _pow2(-f_tok)[:, None]
+            else:
+                l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
             pb = it % 2
             if V_IN_REGS:
@@ -409,7 +435,7 @@ def _stage1_kernel(
             if TIMELINE:  # noqa: SIM102
                 if it < TIMELINE_MAX:
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
-            if V_IN_REGS:  # PV(it) reads registers and Pᵀ, not this stage: refill it now
+            if V_IN_REGS and not KV_CONVERT:  # PV(it) reads registers and Pᵀ, not this stage: refill it now
                 _issue_kv_tile(
                     kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES, sub_rows
                 )
