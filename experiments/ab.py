@@ -17,6 +17,7 @@ the process, the GPU and the inputs (the same seeded generator).
     python experiments/ab.py --before .before --variants auto,before:auto --no-check   # same speed as the old code?
     python experiments/ab.py --precision bf16 --variants auto,portable                 # FlashMLA bf16 beside
     python experiments/ab.py --precision a16w8 --peers flashinfer --variants auto,portable
+    python experiments/ab.py --precision a8w4-mxfp4 --peers none --variants auto,sm90   # bf16 vs e4m3 fp4 route
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ from mlalab.config import COMPETITION_SHAPES, DecodeCase
 from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.io import write_rows_csv
 from mlalab.kernels import Decoder, KernelConfig, naive_decode, prepare
+from mlalab.quant.precision import PRECISIONS
 from mlalab.timing import call_bytes, copy_bandwidth, kv_cache_bytes, provenance, rotation_copies, time_callable
 
 #: name -> the options of `mlalab.backends.triton.make_callable` it sets (plan options and `KernelConfig` knobs)
 VARIANTS: dict[str, dict[str, Any]] = {
     "auto": {},
     "portable": {"kernel": "portable"},
+    "sm90": {"kernel": "sm90"},  # (a8w4-mxfp4: the e4m3 route, `mlalab.kernels.sm90.host.E4M3_PENDING`)
     "nopdl": {"pdl": False},
     "pb128": {"plan_block": 128},
     "pb256": {"plan_block": 256},
@@ -126,7 +129,7 @@ def main() -> None:
     ap.add_argument("--variants", default="auto,portable")
     ap.add_argument("--peers", default="flashmla", help="peer backends timed beside, comma-separated; 'none': none")
     ap.add_argument("--shapes", default=None, help="e.g. 4x1024,128x8192 (default: the 12 competition shapes)")
-    ap.add_argument("--precision", default="a8w8", choices=("a8w8", "a16w8", "bf16"))
+    ap.add_argument("--precision", default="a8w8", choices=[p.value for p in PRECISIONS])
     ap.add_argument("--before", default=None, help="a folder holding another commit's package as mlalab_before")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--out", default=None)

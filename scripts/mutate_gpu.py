@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SM90_TESTS = ("tests/test_sm90_kernel.py",)
 PORTABLE_TESTS = ("tests/test_triton_kernels.py",)
+FP4_TESTS = ("tests/test_fp4_kernels.py",)
 
 #: name -> (module, exact text, replacement, what it breaks, the GPU tests that must catch it, CPU build check)
 #: build check: ("stage1", paths) compiles stage 1 on those paths, ("reduce", max_partials) the Gluon reduce,
@@ -88,6 +89,41 @@ MUTANTS: dict[str, tuple[str, str, str, str, tuple[str, ...], tuple | None]] = {
         "Triton reduce (portable path and the sm_90 bf16 path): merge weights without log2(e)",
         PORTABLE_TESTS + SM90_TESTS, ("triton-reduce", (2, 40)),
     ),
+    "e4m3-no-logit-shift": (
+        "mlalab/kernels/sm90/stage1.py",
+        "sc = s_acc * (qk_scale * col)[:, None] + f_tok.to(gl.float32)[:, None]",
+        "sc = s_acc * (qk_scale * col)[:, None]",
+        "e4m3 route: P̂ without the token's F in its logit (the residual rows weighted by P, not P · 2^F)",
+        FP4_TESTS, ("stage1", ("v-fp4-e4m3",)),
+    ),
+    "e4m3-sum-unscaled": (
+        "mlalab/kernels/sm90/stage1.py",
+        "l_acc = l_acc * alpha[None, :] + p * _pow2(-f_tok)[:, None]",
+        "l_acc = l_acc * alpha[None, :] + p",
+        "e4m3 route: the softmax sum adds P̂ instead of P̂ · 2^-F",
+        FP4_TESTS, ("stage1", ("v-fp4-e4m3",)),
+    ),
+    "e4m3-score-unscaled": (
+        "mlalab/kernels/sm90/stage1.py",
+        "sc = s_acc * (qk_scale * col)[:, None] + f_tok",
+        "sc = s_acc * qk_scale + f_tok",
+        "e4m3 route: scores of the residuals, without the token's 2^F",
+        FP4_TESTS, ("stage1", ("v-fp4-e4m3",)),
+    ),
+    "e4m3-window-low": (
+        "mlalab/kernels/sm90/fp4tiles.py",
+        "[:, None] + E4M3_WINDOW  # j + 5",
+        "[:, None] + E4M3_WINDOW - 1  # j + 5",
+        "e4m3 route: every residual one binade low (block words off by one)",
+        FP4_TESTS, ("stage1", ("v-fp4-e4m3",)),
+    ),
+    "e4m3-table-entry": (
+        "mlalab/kernels/sm90/fp4tiles.py",
+        "prmt.b32 t, 0x14100800, 0x24201C18, m;",
+        "prmt.b32 t, 0x14100800, 0x24201C1C, m;",
+        "e4m3 route: E2M1 magnitude 4 (code 6) converted as 6 in values 0-3 of each block word",
+        FP4_TESTS, ("stage1", ("v-fp4-e4m3",)),
+    ),
 }  # fmt: skip
 
 
@@ -139,20 +175,22 @@ def run_pytest(tmp: Path, tests: tuple[str, ...], marker: str, timeout: float, e
 
 
 _BUILD = """
-import json, sys
+import hashlib, json, sys
 from mlalab.kernels.sm90.build import compile_reduce, compile_stage1, compile_triton_reduce
 kind, args = sys.argv[1], json.loads(sys.argv[2])
 out = {}
 for a in args:
     r = (compile_stage1(a) if kind == "stage1" else compile_reduce(a) if kind == "reduce"
          else compile_triton_reduce(a))
-    out[str(a)] = {"registers": r.registers, "sass": r.sass}
+    out[str(a)] = {"registers": r.registers, "sass": r.sass,
+                   "listing": hashlib.sha256(r.listing.encode()).hexdigest()}  # (a changed constant shows here)
 print("BUILD " + json.dumps(out))
 """
 
 
 def build(tmp: Path, check: tuple) -> dict:
-    """Compile the kernel(s) of `check` for sm_90 in a fresh process on the copy: {config: registers, SASS mix}."""
+    """Compile the kernel(s) of `check` for sm_90 in a fresh process on the copy: {config: registers, SASS mix,
+    listing hash}."""
     import json
 
     cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
@@ -191,10 +229,10 @@ def dry_run(names: list[str], cpu_tests: bool) -> list[dict]:
                         clean_builds[key] = build(tmp, check)
                     apply(tmp, name)
                     mutated = build(tmp, check)
-                    same = [c for c in mutated if mutated[c]["sass"] == clean_builds[key][c]["sass"]]
+                    same = [c for c in mutated if mutated[c]["listing"] == clean_builds[key][c]["listing"]]
                     if same:
-                        raise RuntimeError(f"the SASS of {check[0]} {same} is unchanged: the mutation does not reach "
-                                           "the kernel")  # fmt: skip
+                        raise RuntimeError(f"the SASS listing of {check[0]} {same} is unchanged: the mutation does not "
+                                           "reach the kernel")  # fmt: skip
                     detail += f", builds for sm_90 ({check[0]} {list(check[1])}), SASS changed"
                 status = "dry-run ok"
                 if cpu_tests and module.endswith("portable.py"):
