@@ -198,6 +198,11 @@ def test_sm90_takes_fp4_and_refuses_a_cache_that_does_not_match() -> None:
         assert host.path_of(prepare(x, prec)) == "v-fp4"  # kernel "auto": the bf16 route (`host.E4M3_PENDING`)
         assert host.path_of(prepare(x, prec), asked=True) == ("v-fp4-e4m3" if prec == "a8w4-mxfp4" else "v-fp4")
         assert "needs an NVIDIA GPU" in host.unsupported(prepare(x, prec), None)
+    for fmt in ("e5m2", "e4m3fnuz"):  # the kernel reads e4m3fn q codes only (a wrong type would be read silently)
+        assert "needs e4m3fn q codes" in host.unsupported(prepare(x, "a8w4-mxfp4", fp8_format=fmt), None)
+    why = host.unsupported(prepare(x, "a8w4-mxfp4"), None, p_fp8=False, asked=True)
+    assert "the e4m3 route (kernel='sm90') rounds it to e4m3" in why
+    assert "needs an NVIDIA GPU" in host.unsupported(prepare(x, "a8w4-mxfp4"), None, p_fp8=False)  # (bf16 route)
     p = prepare(x, "a16w4-mxfp4")
     bad = dataclasses.replace(p, kv_scales=torch.zeros((p.kv.shape[0], 36), dtype=torch.uint8))
     assert "(rows, 288) uint8 codes with (rows, 18) block scales" in host.unsupported(bad, None)
@@ -407,6 +412,50 @@ def test_e4m3_route_numerics_add_little_to_the_mxfp4_error() -> None:
         assert rel(torch.zeros_like(scheme[live]), scheme[live]) > 10 * 2e-2
         if name != "competition":  # peaked attention: the mean of V is far off
             assert rel(mean_v(p)[live], scheme[live]) > 10 * 2e-2, name
+
+
+def _spread_exponents(x, big: float = 256.0):  # noqa: ANN001, ANN202
+    """`x` with every 64th token (random ones) scaled by `big` — large-norm tokens whose F is ~log2(big) above their
+    tile's others, which pushes the others' P̂ down on the e4m3 route — and, in every 5th token, one value block (dims
+    64-95) and one rope block (dims 544-575) scaled by 2^-14: 12+ binades below the token's largest, flushed on the
+    e4m3 route."""
+    import dataclasses
+
+    k = x.kv_buffer.float().clone().reshape(-1, 576)
+    g = torch.Generator().manual_seed(1)
+    k[torch.randperm(k.shape[0], generator=g)[: max(1, k.shape[0] // 64)]] *= big
+    k[::5, 64:96] *= 2.0**-14
+    k[::5, 544:576] *= 2.0**-14
+    return dataclasses.replace(x, kv_buffer=k.reshape(x.kv_buffer.shape).to(x.kv_buffer.dtype))
+
+
+def test_e4m3_route_numerics_with_spread_exponents_and_flushed_blocks() -> None:
+    """On inputs whose token exponents spread within a tile (tokens x 256) and with blocks flushed in the value and
+    rope dims (`_spread_exponents`), the e4m3 route's numerics stay as close to the emulated scheme as P rounded to
+    e4m3 without the shift (the portable kernel's a8w4 numerics) — within 1.25x of its rel-L2 — and within 5 % of the
+    scheme's own error against the exact decode; blocks are flushed (the case the GPU test
+    ``test_gpu_sm90_fp4_spread_exponents_and_flushed_blocks`` runs)."""
+    from oracles import fp4_values, rel, tiled_decode
+
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.kernels import naive_decode, prepare
+    from mlalab.kernels.fp4 import e4m3_residuals
+    from mlalab.plan import make_plan
+
+    for dist in ("competition", "unit"):
+        x = _spread_exponents(make_inputs(DecodeCase(kv_lens=(300, 1024, 77), seed=3, dist=dist)))
+        p = prepare(x, "a8w4-mxfp4")
+        res, _ = e4m3_residuals(p.kv, p.kv_scales)
+        flushed = (res.view(torch.float8_e4m3fn).double() == 0) & (fp4_values(p.kv, p.kv_scales, "mxfp4") != 0)
+        assert int(flushed[:, :512].sum()) > 0 and int(flushed[:, 512:].sum()) > 0, dist  # value and rope dims
+        plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 8, block=64)
+        route, _ = tiled_decode(p, plan, p_dtype=torch.float8_e4m3fn, e4m3_route=True)
+        p8, _ = tiled_decode(p, plan, p_dtype=torch.float8_e4m3fn)
+        scheme, _ = tiled_decode(p, plan, p_dtype=None)
+        exact, _ = naive_decode(prepare(x, "bf16"))
+        assert rel(route, scheme) <= 1.25 * rel(p8, scheme), (dist, rel(route, scheme), rel(p8, scheme))
+        assert rel(route, exact) <= 1.05 * rel(scheme, exact), dist
 
 
 def test_nvfp4_products_do_not_fit_e4m3() -> None:
@@ -655,6 +704,26 @@ def test_gpu_sm90_fp4_paged_64_with_nan_in_unused_slots(planner: str, precision:
     assert planted > 0
     knobs = {"block": 1} if planner == "simple" else {}
     _check_sm90_fp4(p, build_plan(x, planner, 132, **knobs), clean, peaked=True, kernel=kernel)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize(("precision", "kernel"), _SM90_FP4_RUNS)
+def test_gpu_sm90_fp4_spread_exponents_and_flushed_blocks(precision: str, kernel: str) -> None:
+    """Large-norm tokens among ordinary ones and blocks 12+ binades below their token's largest, in the value and the
+    rope dims (`_spread_exponents`), ragged, split by two planners, peaked and competition inputs: against the path's
+    oracle (the e4m3 route's models the shifted P̂ and the flushed blocks exactly)."""
+    from mlalab.backends.triton import build_plan
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.kernels import prepare
+
+    for dist in ("competition", "unit"):
+        x = _spread_exponents(make_inputs(DecodeCase(kv_lens=(300, 1024, 0, 77, 2000), seed=3, dist=dist)))
+        x = x.to("cuda")
+        x = _peaked(x) if dist == "unit" else x
+        for planner in ("simple", "balanced"):
+            _check_sm90_fp4(prepare(x, precision), build_plan(x, planner, 132), peaked=dist == "unit", kernel=kernel)
 
 
 @pytest.mark.gpu

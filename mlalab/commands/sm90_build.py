@@ -12,12 +12,13 @@ NAME = "sm90-build"
 HELP = "compile the sm_90 kernels for Hopper (no GPU needed) and print registers, spills, shared memory, SASS mix"
 ORDER = 70
 
-_PATHS = ("v-regs", "v-tile", "v-conv", "v-fp4")
+_PATHS = ("v-regs", "v-tile", "v-conv", "v-fp4", "v-fp4-e4m3")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paths", type=parse_csv_items, default=_PATHS, help="stage-1 paths: v-regs (a8w8), v-tile "
-                   "(bf16), v-conv (a16w8), v-fp4 (the four fp4-KV precisions); default all")  # fmt: skip
+                   "(bf16), v-conv (a16w8), v-fp4 (the four fp4-KV precisions), v-fp4-e4m3 (a8w4-mxfp4 on fp8 wgmma); "
+                   "default all")  # fmt: skip
     p.add_argument("--paged", action="store_true", help="with the masked tiles of a paged cache")
     p.add_argument("--reduce", type=parse_int_list, default=(2, 8, 16, 64),
                    help="max partials per request of the Gluon reduce builds")  # fmt: skip

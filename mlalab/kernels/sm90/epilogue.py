@@ -58,8 +58,9 @@ def _rcp_approx(x):
 @gluon.jit
 def _normaliser(m_i, l, v_scale):
     """A work's softmax sum per head `l` (base-2 running max `m_i`) as (LSE in natural log, the factor that normalises
-    Oᵀ's columns). ``l >= 1`` whenever the work has a token (its maximum contributes exp2(0)), so the SFU's
-    flush-to-zero never applies; an empty work (0 tokens) gets LSE -inf and factor v_scale (Oᵀ is 0)."""
+    Oᵀ's columns). ``l >= 1`` whenever the work has a token (its maximum contributes exp2(0); on the e4m3 fp4 route
+    ``2^-F >= 2^-121``, still a normal fp32), so the SFU's flush-to-zero never applies; an empty work (0 tokens)
+    gets LSE -inf and factor v_scale (Oᵀ is 0)."""
     has = l > 0.0
     l_safe = gl.where(has, l, 1.0)
     lse = gl.where(has, (m_i + _lg2_approx(l_safe)) * 0.6931471805599453, float("-inf"))

@@ -93,10 +93,15 @@ def unsupported(
                     f"{expect[1]}) block scales (mlalab.kernels.fp4.Fp4Cache)")  # fmt: skip
     if prepared.spec.kv_fp8 and prepared.kv.dtype != torch.float8_e4m3fn:
         return f"needs e4m3fn codes (what sm_90 wgmma reads), not {prepared.kv.dtype}"
+    if prepared.spec.q_fp8 and prepared.q.dtype != torch.float8_e4m3fn:
+        return f"needs e4m3fn q codes (what sm_90 wgmma and the q conversion read), not {prepared.q.dtype}"
     if pv_exact or out_dtype != torch.bfloat16:
         return "production numerics only (bf16 output, fp8 or bf16 products): exact mode runs on the portable kernel"
     if prepared.precision is Precision.A8W8 and not p_fp8:
         return "P kept in fp16 (p_fp8=False): the sm_90 value product runs on fp8 operands; the portable kernel runs it"
+    if asked and prepared.precision is Precision.A8W4_MXFP4 and not p_fp8:
+        return ("P not rounded through fp8 (p_fp8=False): the e4m3 route (kernel='sm90') rounds it to e4m3; kernel "
+                "'auto' runs the bf16 route")  # fmt: skip
     kv_dim = MLA.qk_dim // 2 if prepared.spec.kv_fp4 else MLA.qk_dim  # (fp4: two codes per byte)
     if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != kv_dim:
         return f"written for {MLA.num_heads} heads x {MLA.qk_dim} dims"

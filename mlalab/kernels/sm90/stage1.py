@@ -177,8 +177,8 @@ def _stage1_kernel(
     gl.static_assert(BLOCK_N == 64 and D_NOPE == 512, "the V layouts are written for 64-token tiles of 512 values")
     gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth  # the KV as stored and TMA'd (the ring's type)
-    gl.static_assert(not FP4_E4M3 or (KV_FP4 == 1 and qn_desc.dtype.primitive_bitwidth == 8),
-                     "the e4m3 route is for fp8 q with MXFP4 KV")  # fmt: skip
+    gl.static_assert(not FP4_E4M3 or (KV_FP4 == 1 and qn_desc.dtype == gl.float8e4nv),
+                     "the e4m3 route is for e4m3fn q with MXFP4 KV")  # fmt: skip
     # the wgmma operands' type: q's, or bf16 with fp4 KV (whatever q's type: fp8 q is converted once per work) except
     # on the e4m3 route (q's fp8)
     mma_type: gl.constexpr = gl.bfloat16 if KV_FP4 and not FP4_E4M3 else qn_desc.dtype
