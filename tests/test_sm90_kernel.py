@@ -55,7 +55,12 @@ def test_refusals_name_the_reason() -> None:
                           kv_last_page_len=paged.kv_last_page_len)  # fmt: skip
         pwi = token_work_info(pplan, paged.kv_indptr, paged.kv_last_page_len)
         assert why in host.unsupported(prepare(paged, "a8w8"), pwi), ps
-    assert "fp4 KV needs pages of 64" in host.unsupported(prepare(paged, "a16w4-mxfp4"), pwi)
+    assert "fp4 KV needs contiguous tiles" in host.unsupported(prepare(paged, "a16w4-mxfp4"), pwi)
+    tok = make_inputs(DecodeCase(kv_lens=(100, 70), page_size=1, permute_pages=True))  # a token table
+    assert host.tokens(prepare(tok, "a8w8")) and not host.tokens(prepare(x, "a8w8"))
+    twi = token_work_info(make_plan("simple", tok.qo_indptr, tok.kv_indptr, 4), tok.kv_indptr, tok.kv_last_page_len)
+    assert "needs an NVIDIA GPU" in host.unsupported(prepare(tok, "bf16"), twi)  # (then TOKENS_PENDING unless asked)
+    assert "fp4 KV needs contiguous tiles" in host.unsupported(prepare(tok, "a8w4-mxfp4"), twi)
     spec = make_inputs(DecodeCase(kv_lens=(100, 70), q_len=2))  # speculative decode runs (as row passes)
     swi = token_work_info(make_plan("simple", spec.qo_indptr, spec.kv_indptr, 4), spec.kv_indptr, spec.kv_last_page_len)
     assert "needs an NVIDIA GPU" in host.unsupported(prepare(spec, "a8w8"), swi)
@@ -118,8 +123,9 @@ def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
     _, prow = host.tile_stream(q, pp.work_indptr, pwi)
     pos = [s for w in range(pwi.shape[0]) for s in range(int(pwi[w, 4]), int(pwi[w, 5]), 64)]
     assert prow.tolist() == [int(y.kv_indices[s // 64]) * 64 + s % 64 for s in pos]
-    # pages of 16 / 32 tokens: a tile is 64 / page pages, each its own row; past the work's end, its last page again
-    for ps in (16, 32):
+    # pages of 16 / 32 tokens: a tile is 64 / page pages, each its own row; past the work's end, its last page again;
+    # page size 1 with a permuted token table (`host.tokens`): the same with 64 rows a tile, one per token
+    for ps in (1, 16, 32):
         z = make_inputs(DecodeCase(kv_lens=(200, 16, 1, 0, 130), page_size=ps, permute_pages=True, seed=4))
         zq = prepare(z, "a8w8")
         for planner in ("simple", "balanced", "aiter-fast"):
@@ -135,6 +141,7 @@ def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
                         want.append(int(z.kv_indices[page]) * ps)
             assert zrow.tolist() == want, (ps, planner)
             assert int(zt[-1]) * (64 // ps) == len(want)
+            assert host.kv_box(zq) == ps and host.tokens(zq) == (ps == 1)
 
 
 def test_cta_headers_and_the_first_burst_rule() -> None:
@@ -254,10 +261,10 @@ def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
 @pytest.mark.parametrize("triton_copy", ["environment", "h200"])
 def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
     """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
-    hooks, the four fp4 precisions of v-fp4, the e4m3 route): the path's wgmmas (fp8: 18 score + 16 value QGMMA per
-    tile; 16-bit: 68 HGMMA), no local memory (but one register of the paged e4m3 route on Triton 3.6, outside the
-    tile loop), within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's conversion free of bank conflicts, one
-    8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
+    hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables): the path's wgmmas
+    (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory (but one register of the paged e4m3
+    route on Triton 3.6, outside the tile loop), within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's
+    conversion free of bank conflicts, one 8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
     body = (
         "from mlalab.kernels.sm90.build import compile_stage1\n"
         "runs = [('v-regs', m, fb, tl, ab) for m in (False, True) for fb in (None, 2) for tl, ab in ((0, 0),)]\n"
@@ -270,6 +277,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "runs = [(*r, None) for r in runs]\n"
         "runs += [(p, True, None, 0, 0, None, pg) for p, pg in (('v-regs', 16), ('v-regs', 32), ('v-tile', 16),\n"
         "                                                         ('v-conv', 16))]  # page by page\n"
+        "runs += [(p, True, None, 0, 0, None, 1) for p in ('v-regs', 'v-tile', 'v-conv')]  # token tables\n"
         "for path, mask, fb, tl, ab, prec, pg in runs:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
         "                       page=pg)\n"
@@ -280,7 +288,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0))\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 25, out
+    assert len(rows) == 28, out
     for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
         if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
@@ -338,8 +346,9 @@ def test_reduces_compile_for_sm90_without_local_memory(triton_copy: str) -> None
         (dict(path="v-tile", ablate=1), ValueError, "fp8 path only"),
         (dict(path="v-regs", ablate=3), ValueError, "ablate must be 0"),
         (dict(path="v-regs", mask_tail=1), TypeError, "mask_tail must be True or False"),
-        (dict(path="v-regs", page=8), ValueError, "page must be None or one of"),
-        (dict(path="v-fp4", page=16), ValueError, "page must be None or one of"),
+        (dict(path="v-regs", page=8), ValueError, "page must be None, 1 .a token table. or one of"),
+        (dict(path="v-fp4", page=16), ValueError, "page must be None, 1 .a token table. or one of"),
+        (dict(path="v-fp4-e4m3", page=1), ValueError, "not on the fp4 paths"),
     ],
 )
 def test_sm90_build_refuses_bad_options_before_compiling(options: dict, error: type, message: str) -> None:
@@ -464,6 +473,38 @@ def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: st
     if page < 64:
         assert Decoder(p, plan).sm90_reason == host.SUB_TILE_PENDING
     _check(p, plan, clean, peaked=True, config=config)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: str, q_len: int) -> None:
+    """Page size 1 with a token table into a pool four times the batch's KV (sglang's and aiter's layout): each
+    token a random slot, every slot the batch does not use holding NaN codes (a row read from the wrong slot, or a
+    tile row past a work's end read from anywhere but the work's last token, shows); the ring filled by cp.async
+    (`host.tokens`). Ragged, empty and long requests, split works, q_len 1 and 2."""
+    from mlalab.backends.triton import build_plan
+
+    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
+    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=1, seed=9, dist="unit")))
+    n = x.kv_buffer.shape[0]
+    g = torch.Generator().manual_seed(5)
+    slots = torch.randperm(4 * n, generator=g)[:n]  # token t of the batch lives in pool slot slots[t]
+    pool = (torch.randn((4 * n, *x.kv_buffer.shape[1:]), generator=g) * 3).to(x.kv_buffer.dtype)
+    pool[slots] = x.kv_buffer
+    x = dataclasses.replace(x, kv_buffer=pool, kv_indices=slots[x.kv_indices.long()].to(torch.int32)).to("cuda")
+    p = prepare(x, precision)
+    assert host.tokens(p)
+    unused = torch.ones(4 * n, dtype=torch.bool)
+    unused[slots] = False
+    clean = dataclasses.replace(p, kv=p.kv.clone())
+    code_type, nan_code = (torch.uint8, 0x7F) if p.spec.kv_fp8 else (torch.int16, 0x7FC0)
+    p.kv.view(code_type)[unused.cuda()] = nan_code
+    plan = build_plan(x, planner, 132 // q_len)
+    assert Decoder(p, plan).sm90_reason == host.TOKENS_PENDING  # (kernel "auto": portable, until this passes)
+    _check(p, plan, clean, peaked=True, config=KernelConfig(kernel="sm90"))
 
 
 @pytest.mark.gpu

@@ -140,8 +140,8 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     it: its ring (`host.RING`), fp16 partials for fp8 KV, else fp32, the reduce as a programmatic dependent.
     ``mask_tail``: a paged cache's tail masking; ``first_burst``: the ring tiles issued at the start (None: the whole
     ring); ``timeline`` / ``ablate``: the measurement hooks (the kernel's ``TIMELINE``, ``ABLATE``); ``page``: 16 or
-    32 to build the page-by-page tile loads of such caches (with ``mask_tail``, as the decoder launches them; not on
-    the fp4 paths), None for whole-tile loads."""
+    32 to build the page-by-page tile loads of such caches, 1 for a token table's rows by cp.async (with
+    ``mask_tail``, as the decoder launches them; not on the fp4 paths), None for whole-tile loads."""
     import torch
     from triton.runtime.driver import driver
 
@@ -162,8 +162,9 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
             raise ValueError(f"precision must be one of {', '.join(FP4_BUILDS)} on v-fp4, got {precision!r}")
     elif precision is not None:
         raise ValueError(f"precision chooses among the fp4 builds of v-fp4; {path} has one build")
-    if page is not None and (page not in SUB_TILE_PAGES or path.startswith("v-fp4")):
-        raise ValueError(f"page must be None or one of {SUB_TILE_PAGES} (not on v-fp4), got {page!r} on {path}")
+    if page is not None and (page not in (1, *SUB_TILE_PAGES) or path.startswith("v-fp4")):
+        raise ValueError(f"page must be None, 1 (a token table) or one of {SUB_TILE_PAGES} (not on the fp4 paths), "
+                         f"got {page!r} on {path}")  # fmt: skip
     for name, flag in (("mask_tail", mask_tail), ("timeline", timeline)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -184,12 +185,12 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     # a fresh cache: a cached kernel would skip static_print (gl.static_print: the bank-conflict counts)
     with _fresh_triton_cache(), contextlib.redirect_stdout(printed):
         ck = S.stage1_kernel.warmup(
-            *S.make_descriptors(q, kv, 16, page or S.BLOCK_N), i32(132 * INFO_COLS), i32(8 * 8), i32(64), out, lse,
-            po, pl, one, one, scales, 4096 if kv_fp4 else 0, 0.04,
+            *S.make_descriptors(q, kv, 16, page if page and page > 1 else S.BLOCK_N), i32(132 * INFO_COLS),
+            i32(8 * 8), i32(64), out, lse, po, pl, one, one, scales, 4096 if kv_fp4 else 0, kv, 0.04,
             torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16, D_NOPE=512, D_ROPE=64,
             BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
             LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4,
-            FP4_E4M3=path == "v-fp4-e4m3", TIMELINE=timeline,
+            FP4_E4M3=path == "v-fp4-e4m3", TOKENS=page == 1, TIMELINE=timeline,
             ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
         )  # fmt: skip
     conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))

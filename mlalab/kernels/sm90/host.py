@@ -15,7 +15,8 @@ from ...config import MLA
 from ...quant.precision import Precision
 from ..prepare import PreparedInputs
 
-__all__ = ["PATHS", "E4M3_PENDING", "path_of", "SUB_TILE_PAGES", "SUB_TILE_PENDING", "RING", "FIRST_BURST",
+__all__ = ["PATHS", "E4M3_PENDING", "path_of", "SUB_TILE_PAGES", "SUB_TILE_PENDING", "TOKENS_PENDING", "tokens",
+           "RING", "FIRST_BURST",
            "INFO_COLS", "unsupported", "import_error", "row_passes", "kv_box", "tile_stream", "cta_info",
            "first_burst", "Sm90Stage1"]  # fmt: skip
 
@@ -36,6 +37,12 @@ SUB_TILE_PAGES = (16, 32)
 #: (no spills) but their GPU tests have not run yet. ``kernel="sm90"`` runs them.
 SUB_TILE_PENDING = ("pages of 16 / 32 tokens run on the sm_90 kernel only when asked for (kernel='sm90') until its "
                     "GPU tests pass (tests/test_sm90_kernel.py -m gpu -k paged)")  # fmt: skip
+
+#: Why kernel "auto" leaves page size 1 with a token table other than the identity (sglang's and aiter's token pool)
+#: on the portable kernel: the sm_90 kernel fills its ring by cp.async there (`stage1._copy_token_rows`), which
+#: compiles for sm_90 but has not run on a GPU yet. ``kernel="sm90"`` runs it.
+TOKENS_PENDING = ("page size 1 with a token table other than the identity runs on the sm_90 kernel only when asked for "
+                  "(kernel='sm90') until its GPU tests pass (tests/test_sm90_kernel.py -m gpu -k tokens)")  # fmt: skip
 
 #: The TMA ring of each path, in 64-token tiles: 3 fp8 tiles (36 KB each); 2 bf16 tiles (72 KB each, all that fits
 #: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile; 3 tiles of fp4 codes
@@ -106,12 +113,13 @@ def unsupported(
     if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != kv_dim:
         return f"written for {MLA.num_heads} heads x {MLA.qk_dim} dims"
     ps = prepared.page_size
-    if not (prepared.contiguous and ps == 1) and ps % BLOCK_N and ps not in SUB_TILE_PAGES:
-        return (f"tiles of {BLOCK_N} tokens must be contiguous rows or whole pages: page size 1 with the identity "
-                f"page table, {' or '.join(map(str, SUB_TILE_PAGES))} tokens, or a multiple of {BLOCK_N} (got page "
-                f"size {ps}, {'identity' if prepared.contiguous else 'permuted'} page table)")  # fmt: skip
-    if ps in SUB_TILE_PAGES and prepared.spec.kv_fp4:
-        return f"fp4 KV needs pages of {BLOCK_N} tokens or more (its block scales are read per tile), got {ps}"
+    if ps != 1 and ps % BLOCK_N and ps not in SUB_TILE_PAGES:
+        pages = " or ".join(map(str, SUB_TILE_PAGES))
+        return (f"tiles of {BLOCK_N} tokens must be rows of a token table or whole pages: page size 1, {pages} "
+                f"tokens, or a multiple of {BLOCK_N} (got page size {ps})")  # fmt: skip
+    if (ps in SUB_TILE_PAGES or tokens(prepared)) and prepared.spec.kv_fp4:
+        return (f"fp4 KV needs contiguous tiles: pages of {BLOCK_N} tokens or more, or the identity token table (its "
+                f"block scales are read per tile), got page size {ps}")  # fmt: skip
     dev = prepared.q.device
     if dev.type != "cuda" or torch.version.cuda is None:
         return "needs an NVIDIA GPU"
@@ -119,6 +127,8 @@ def unsupported(
         return f"needs compute capability 9.0 (Hopper), this GPU has {torch.cuda.get_device_capability(dev)}"
     if ps in SUB_TILE_PAGES and not asked:
         return SUB_TILE_PENDING
+    if tokens(prepared) and not asked:
+        return TOKENS_PENDING
     return import_error()
 
 
@@ -154,8 +164,17 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor) -> tuple[torc
     return cta_indptr.to(torch.int32), out.to(torch.int32).contiguous()
 
 
+def tokens(prepared: PreparedInputs) -> bool:
+    """Page size 1 with a token table other than the identity: every row of a tile fetched on its own (the kernel's
+    ``TOKENS``, `stage1._copy_token_rows`)."""
+    return prepared.page_size == 1 and not prepared.contiguous
+
+
 def kv_box(prepared: PreparedInputs) -> int:
-    """Rows of one KV TMA box: a page where pages are shorter than a tile (`SUB_TILE_PAGES`), else a tile."""
+    """Rows of one KV TMA box: a page where pages are shorter than a tile (`SUB_TILE_PAGES`), one row of a token table
+    (`tokens`: the tile stream lists each row; no TMA reads them), else a tile."""
+    if tokens(prepared):
+        return 1
     return prepared.page_size if prepared.page_size in SUB_TILE_PAGES else BLOCK_N
 
 
@@ -165,7 +184,8 @@ def tile_stream(prepared: PreparedInputs, work_indptr: torch.Tensor,
     tiles of its works in order; ``tile_rows[t]`` is the KV row of tile t's first token (its position itself with the
     identity page table, else through ``kv_indices``: tiles never cross a page because pages are multiples of 64
     tokens and works start on page boundaries). Pages of 16 or 32 tokens (`kv_box`): ``64 / page`` rows per tile,
-    one per page (a page past the work's end repeats the tile's last page: read, then masked)."""
+    one per page (a page past the work's end repeats the tile's last page: read, then masked); a token table
+    (`tokens`): 64 rows per tile, one per token, the same way."""
     wi = work_info.to("cpu", torch.int64)
     ks, ke = wi[:, 4], wi[:, 5]
     counts = torch.clamp((ke - ks + BLOCK_N - 1) // BLOCK_N, min=0)
@@ -255,6 +275,7 @@ class Sm90Stage1:
             NUM_STAGES=self.stages, MASK_TAIL=not (prepared.contiguous and prepared.page_size == 1),
             LAUNCH_DEPENDENTS=launch_dependents, FIRST_BURST=first_burst(most, self.stages), REPORT=False,
             KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(prepared.spec.kv_format, 0), FP4_E4M3=self.path == "v-fp4-e4m3",
+            TOKENS=tokens(prepared),
             num_warps=BLOCK_N // 16,
         )  # fmt: skip
         #: fp4 KV: the block scales as bytes (what the kernel reads, `fp4tiles._load_tile_scales`), else a stand-in
@@ -273,7 +294,9 @@ class Sm90Stage1:
             if kv.shape[0] == 0:  # every request empty: no tile is read, but a TMA descriptor needs a non-empty box
                 kv = torch.zeros((BLOCK_N, kv.shape[-1]), dtype=kv.dtype, device=kv.device)
                 self._empty_kv = kv  # (kept alive with its descriptor)
-            descs = self.K.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads, self.kv_box)
+            # (a token table's rows come by cp.async: its descriptors only give the ring its layout)
+            box = BLOCK_N if self.kv_box == 1 else self.kv_box
+            descs = self.K.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads, box)
             self._descs[key] = descs
         return descs
 
@@ -287,6 +310,6 @@ class Sm90Stage1:
         kv_rows = int(kv.shape[0]) if self.kw["KV_FP4"] else 0
         self.K.stage1_kernel[(self.n_cu,)](
             *self.descriptors(q, kv), self.cta_info, work_info, self.tile_rows, out, lse, part_o, part_lse,
-            self.p.q_scale, self.p.kv_scale, self.kv_scales, kv_rows, sm_scale, stamps, TIMELINE=timeline is not None,
-            ABLATE=ablate, **self.kw,
+            self.p.q_scale, self.p.kv_scale, self.kv_scales, kv_rows, kv, sm_scale, stamps,
+            TIMELINE=timeline is not None, ABLATE=ablate, **self.kw,
         )  # fmt: skip

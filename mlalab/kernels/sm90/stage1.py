@@ -36,8 +36,10 @@ Measurement hooks (compile-time, off in production): ``TIMELINE`` stamps each CT
 compute can be measured (outputs wrong); ``REPORT`` prints the V loads' bank conflicts while compiling (`build`).
 
 Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) dims, the KV rows of a tile contiguous
-(page size 1 with the identity page table, or pages that are multiples of 64 tokens) or a tile of whole pages of 16
-or 32 tokens (one TMA box per page; not with fp4 KV, whose block scales are read per tile), e4m3fn codes for fp8. The
+(page size 1 with the identity page table, or pages that are multiples of 64 tokens), a tile of whole pages of 16
+or 32 tokens (one TMA box per page), or 64 rows of a token table (page size 1, any table: ``TOKENS``, the ring filled
+by cp.async, `_copy_token_rows`); the last two not with fp4 KV, whose block scales are read per tile; e4m3fn codes
+for fp8. The
 kernel runs one q row (16 heads) per work: a plan's works of q_len rows reach it as q_len works, one per CTA of a group
 streaming the same tiles (`host.row_passes`).
 """
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -65,6 +68,8 @@ __all__ = ["BLOCK_N", "INFO_COLS", "TIMELINE_COLS", "TIMELINE_MAX", "stage1_kern
 #: TMA global -> shared copy: ``async_copy_global_to_shared`` up to Triton 3.6 (the H200 machine's), renamed
 #: ``async_load`` later (3.9 on the CPU machines, which compile the kernel for sm_90 in a test).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+#: cp.async global -> shared: ``async_copy_global_to_shared`` up to 3.6, ``async_load`` later.
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 #: CTA-wide barrier: ``thread_barrier`` up to 3.6, ``barrier`` later.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
@@ -95,21 +100,48 @@ def _stamp(TL, col, GLOBAL: gl.constexpr = False):
 
 
 @gluon.jit
-def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, NUM_STAGES: gl.constexpr, ROWS):
+def _copy_token_rows(KV, kn_smem, kr_smem, bar, rows_ptr):
+    """A tile of 64 arbitrary KV rows (`rows_ptr`: their 64 row numbers) into one ring stage (`kn_smem` value dims,
+    `kr_smem` rope dims) by cp.async, 16 bytes a copy: each thread copies half a row's value dims and its rope dims
+    (two threads a row), then arrives on `bar` once its copies have landed (the stage's barrier counts one arrival
+    per thread). Hopper's TMA has no gather; a row each is 64 TMA boxes (and the 128-byte swizzle does not take
+    slices of fewer than 8 rows)."""
+    ROWS_N: gl.constexpr = kn_smem.shape[0]
+    D_N: gl.constexpr = kn_smem.shape[1]
+    D_R: gl.constexpr = kr_smem.shape[1]
+    LN: gl.constexpr = gl.BlockedLayout([1, D_N // 2], [32, 1], [2, 2], [1, 0])
+    LR: gl.constexpr = gl.BlockedLayout([1, D_R // 2], [32, 1], [2, 2], [1, 0])
+    rn = gl.load(rows_ptr + gl.arange(0, ROWS_N, layout=gl.SliceLayout(1, LN))).to(gl.int64) * (D_N + D_R)
+    cn = gl.arange(0, D_N, layout=gl.SliceLayout(0, LN))
+    _cp_async(kn_smem, KV + rn[:, None] + cn[None, :])
+    rr = gl.convert_layout(rn, gl.SliceLayout(1, LR))
+    cr = gl.arange(0, D_R, layout=gl.SliceLayout(0, LR))
+    _cp_async(kr_smem, KV + D_N + rr[:, None] + cr[None, :])
+    async_copy.mbarrier_arrive(bar, increment_count=False)
+
+
+@gluon.jit
+def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, NUM_STAGES: gl.constexpr, ROWS, KV,
+                   TOKENS: gl.constexpr):  # fmt: skip
     """TMA the CTA's tile number `it` (KV row `row` onwards), if it exists, into ring stage ``it % NUM_STAGES``.
 
     Pages of fewer tokens than a tile (the descriptors' box is one page, P < 64 rows): the tile is 64 / P pages, one
-    box each into its rows of the stage; their KV rows are ``ROWS[it · 64 / P ...]`` (`row` is unused)."""
+    box each into its rows of the stage; their KV rows are ``ROWS[it · 64 / P ...]`` (`row` is unused). `TOKENS`
+    (page size 1, any token table): the tile's 64 rows ``ROWS[it · 64 ...]`` of `KV` by cp.async
+    (`_copy_token_rows`), called by every thread."""
     if it < n_tiles:
         s = it % NUM_STAGES
         bar = ready.index(s)
         P: gl.constexpr = kn_desc.block_type.shape[0]
         SUB: gl.constexpr = kn_smem.shape[1] // P
-        mbarrier.expect(bar, SUB * (kn_desc.block_type.nbytes + kr_desc.block_type.nbytes))
-        if SUB == 1:
+        if TOKENS:
+            _copy_token_rows(KV, kn_smem.index(s), kr_smem.index(s), bar, ROWS + it * kn_smem.shape[1])
+        elif SUB == 1:
+            mbarrier.expect(bar, kn_desc.block_type.nbytes + kr_desc.block_type.nbytes)
             _tma_load(kn_desc, [row, 0], bar, kn_smem.index(s))
             _tma_load(kr_desc, [row, 0], bar, kr_smem.index(s))
         else:
+            mbarrier.expect(bar, SUB * (kn_desc.block_type.nbytes + kr_desc.block_type.nbytes))
             for i in gl.static_range(SUB):
                 r = gl.load(ROWS + it * SUB + i)
                 _tma_load(kn_desc, [r, 0], bar, kn_smem.index(s).slice(i * P, P))
@@ -118,14 +150,14 @@ def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, 
 
 @gluon.jit
 def _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, n_tiles, NUM_STAGES: gl.constexpr,
-                    FIRST_BURST: gl.constexpr, ROWS):  # fmt: skip
+                    FIRST_BURST: gl.constexpr, ROWS, KV, TOKENS: gl.constexpr):  # fmt: skip
     """Issue the ring's tiles ``FIRST_BURST .. NUM_STAGES - 1`` (rows `row1`, `row2` of tiles 1, 2): called once the
     CTA's first tile has landed. Deferring them gets the first tile in sooner; the stream afterwards is paced by
     compute, not bytes, so the later tiles are not needed that early."""
     if FIRST_BURST <= 1 and NUM_STAGES > 1:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES, ROWS)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES, ROWS, KV, TOKENS)
     if FIRST_BURST <= 2 and NUM_STAGES > 2:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES, ROWS)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES, ROWS, KV, TOKENS)
 
 
 @gluon.jit
@@ -161,6 +193,7 @@ def _stage1_kernel(
     OUT, OUT_LSE, PART_O, PART_LSE,
     Q_SCALE, KV_SCALE,  # (1,) fp32 dequantisation scales (NVFP4: KV_SCALE is the per-cache scale)
     KV_SCALES, KV_ROWS,  # fp4 KV: the block scales as bytes (KV_ROWS, 18 or 36) and KV_ROWS; else any tensor, 0
+    KV,  # the KV rows (rows, 576) when TOKENS (read by cp.async), else any tensor
     sm_scale,
     TIMELINE_BUF,  # (n_cu, TIMELINE_COLS) int64 when TIMELINE, else any tensor (unused)
     H: gl.constexpr, NQ: gl.constexpr, D_NOPE: gl.constexpr, D_ROPE: gl.constexpr,
@@ -168,6 +201,7 @@ def _stage1_kernel(
     FIRST_BURST: gl.constexpr,  # ring tiles issued at the start (NUM_STAGES: all); the rest once tile 0 has arrived
     KV_FP4: gl.constexpr,  # 0: fp8 / bf16 KV; 1: MXFP4 codes + E8M0 scales; 2: NVFP4 codes + E4M3 scales (`fp4tiles`)
     FP4_E4M3: gl.constexpr,  # fp8 q, MXFP4 KV on fp8 wgmma: tiles of e4m3 residuals, 2^F in the softmax (`fp4tiles`)
+    TOKENS: gl.constexpr,  # page size 1, any token table: TILE_ROWS lists every row, the ring is filled by cp.async
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
@@ -222,8 +256,8 @@ def _stage1_kernel(
     q_scale = gl.load(Q_SCALE)
     v_scale = gl.load(KV_SCALE)
     n_tiles = t_end - t_begin
-    # pages shorter than a tile: TILE_ROWS lists each tile's page rows (64 / P of them), this CTA's from here on
-    SUB: gl.constexpr = BLOCK_N // kn_desc.block_type.shape[0]
+    # pages shorter than a tile: TILE_ROWS lists each tile's page rows (64 / P of them; TOKENS: 64), this CTA's on
+    SUB: gl.constexpr = BLOCK_N if TOKENS else BLOCK_N // kn_desc.block_type.shape[0]
     gl.static_assert(SUB == 1 or not KV_FP4, "fp4 block scales are read per tile: pages of >= 64 tokens")
     sub_rows = TILE_ROWS + t_begin * SUB
 
@@ -259,8 +293,8 @@ def _stage1_kernel(
         qrb_smem = gl.allocate_shared_memory(mma_type, [1, NQ, D_ROPE], KB_LAYOUT)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(NUM_STAGES):  # (TOKENS: one cp.async arrival per thread; else the TMA's transaction)
+        mbarrier.init(ready.index(i), count=num_warps * 32 if TOKENS else 1)
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
     fence_async_shared()
@@ -269,11 +303,11 @@ def _stage1_kernel(
     # the first tile could not start), then the ring's first burst.
     if w_begin < w_end:
         _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row0, 0, H)
-    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, NUM_STAGES, sub_rows)
+    _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row0, 0, n_tiles, NUM_STAGES, sub_rows, KV, TOKENS)
     if NUM_STAGES > 1 and FIRST_BURST > 1:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES, sub_rows)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES, sub_rows, KV, TOKENS)
     if NUM_STAGES > 2 and FIRST_BURST > 2:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES, sub_rows)
+        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES, sub_rows, KV, TOKENS)
     if TIMELINE:
         _stamp(tl_row, 4)
     # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
@@ -330,7 +364,7 @@ def _stage1_kernel(
             if FIRST_BURST < NUM_STAGES:  # noqa: SIM102
                 if it == 0:  # the first burst has landed: the rest of the ring goes out now (`_issue_deferred`)
                     _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, n_tiles, NUM_STAGES,
-                                    FIRST_BURST, sub_rows)  # fmt: skip
+                                    FIRST_BURST, sub_rows, KV, TOKENS)  # fmt: skip
             kn = kn_smem.index(s)
             if KV_CONVERT:
                 # PV(it-1) read the bf16 tile: complete in this warp, then (barrier) in every warp, before it is
@@ -354,9 +388,8 @@ def _stage1_kernel(
                     _convert_tile(kr_smem.index(s), krb, BLOCK_N, False, BLOCK_N, D_ROPE)  # (rope: scores masked)
                 fence_async_shared()  # generic-proxy writes before the wgmma's async reads
                 _cta_barrier()  # every warp's part converted, and every warp done reading stage s: refill it now
-                _issue_kv_tile(
-                    kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES, sub_rows
-                )
+                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles,
+                               NUM_STAGES, sub_rows, KV, TOKENS)  # fmt: skip
                 if KV_FP4:  # the next tile's block scales, in flight while this tile's QK and softmax run
                     sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row_sc, it + 1 < n_tiles, KV_ROWS, KV_FP4, BLOCK_N)
                 kn = kb
@@ -372,6 +405,9 @@ def _stage1_kernel(
                         _zero_tail_rows(kn, kv_end - start, BLOCK_N, D_NOPE)
                         fence_async_shared()
                         _cta_barrier()
+            if TOKENS and not KV_CONVERT:  # cp.async wrote the tile through the generic proxy, the wgmmas read it
+                # through the async one (right after the barrier wait instead, Triton 3.6's ptxas crashed)
+                fence_async_shared()
             # QK on the tensor cores, asynchronously ...
             if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
                 s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
@@ -393,7 +429,7 @@ def _stage1_kernel(
                 if it > 0:  # every warp past its wait: PV(it-1) no longer reads tile it-1's stage, refill it
                     _cta_barrier()
                     _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_rf, it - 1 + NUM_STAGES, n_tiles,
-                                   NUM_STAGES, sub_rows)  # fmt: skip
+                                   NUM_STAGES, sub_rows, KV, TOKENS)  # fmt: skip
                 if MASK_TAIL:  # noqa: SIM102
                     if kv_end - start < BLOCK_N:  # a work's last tile of a paged cache: zero its tail (NaN-safe PV)
                         _zero_tail_rows(kn, kv_end - start, BLOCK_N, D_NOPE)
@@ -436,9 +472,8 @@ def _stage1_kernel(
                 if it < TIMELINE_MAX:
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
             if V_IN_REGS and not KV_CONVERT:  # PV(it) reads registers and Pᵀ, not this stage: refill it now
-                _issue_kv_tile(
-                    kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles, NUM_STAGES, sub_rows
-                )
+                _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles,
+                               NUM_STAGES, sub_rows, KV, TOKENS)  # fmt: skip
             if KV_FP4:  # (staged, not carried in registers: carried across the loops, Triton 3.6's build spilled)
                 scn_smem.store(sc_nope)
                 scr_smem.store(sc_rope)
