@@ -44,7 +44,8 @@ from mlalab.timing import call_bytes, copy_bandwidth, kv_cache_bytes, provenance
 VARIANTS: dict[str, dict[str, Any]] = {
     "auto": {},
     "portable": {"kernel": "portable"},
-    "sm90": {"kernel": "sm90"},  # (a8w4-mxfp4: the e4m3 route, `mlalab.kernels.sm90.host.E4M3_PENDING`)
+    "sm90": {"kernel": "sm90"},
+    "p-bf16": {"p_fp8": False},  # (a8w4-mxfp4: the bf16 route instead of the e4m3 one; a8w8: the portable kernel)
     "nopdl": {"pdl": False},
     "pb128": {"plan_block": 128},
     "pb256": {"plan_block": 256},

@@ -195,13 +195,11 @@ def test_sm90_takes_fp4_and_refuses_a_cache_that_does_not_match() -> None:
     x = make_inputs(DecodeCase(kv_lens=(64,)))
     for prec in _FP4_PRECISIONS:
         assert host.PATHS[prepare(x, prec).precision] == "v-fp4"
-        assert host.path_of(prepare(x, prec)) == "v-fp4"  # kernel "auto": the bf16 route (`host.E4M3_PENDING`)
-        assert host.path_of(prepare(x, prec), asked=True) == ("v-fp4-e4m3" if prec == "a8w4-mxfp4" else "v-fp4")
+        assert host.path_of(prepare(x, prec)) == ("v-fp4-e4m3" if prec == "a8w4-mxfp4" else "v-fp4")
+        assert host.path_of(prepare(x, prec), p_fp8=False) == "v-fp4"  # (a8w4-mxfp4: the bf16 route)
         assert "needs an NVIDIA GPU" in host.unsupported(prepare(x, prec), None)
     for fmt in ("e5m2", "e4m3fnuz"):  # the kernel reads e4m3fn q codes only (a wrong type would be read silently)
         assert "needs e4m3fn q codes" in host.unsupported(prepare(x, "a8w4-mxfp4", fp8_format=fmt), None)
-    why = host.unsupported(prepare(x, "a8w4-mxfp4"), None, p_fp8=False, asked=True)
-    assert "the e4m3 route (kernel='sm90') rounds it to e4m3" in why
     assert "needs an NVIDIA GPU" in host.unsupported(prepare(x, "a8w4-mxfp4"), None, p_fp8=False)  # (bf16 route)
     p = prepare(x, "a16w4-mxfp4")
     bad = dataclasses.replace(p, kv_scales=torch.zeros((p.kv.shape[0], 36), dtype=torch.uint8))
@@ -578,27 +576,28 @@ def _peaked(x):  # noqa: ANN001, ANN202
     return dataclasses.replace(x, q=(x.q.float() * 3).to(x.q.dtype))
 
 
-#: (precision, kernel) runs of the sm_90 fp4 tests: kernel "sm90" runs a8w4-mxfp4 on the e4m3 route
-#: (``v-fp4-e4m3``, `host.E4M3_PENDING`), kernel "auto" on the bf16 route (``v-fp4``) as every other fp4 precision.
-_SM90_FP4_RUNS = [pytest.param(p, "sm90", id=f"{p}-{'e4m3' if p == 'a8w4-mxfp4' else 'sm90'}") for p in _FP4_PRECISIONS]
-_SM90_FP4_RUNS.append(pytest.param("a8w4-mxfp4", "auto", id="a8w4-mxfp4-auto"))
+#: (precision, p_fp8) runs of the sm_90 fp4 tests, all with kernel "auto" (which must pick sm_90): a8w4-mxfp4 takes
+#: the e4m3 route (``v-fp4-e4m3``), and with p_fp8=False the bf16 route (``v-fp4``) as every other fp4 precision.
+_SM90_FP4_RUNS = [pytest.param(p, True, id=f"{p}-e4m3" if p == "a8w4-mxfp4" else p) for p in _FP4_PRECISIONS]
+_SM90_FP4_RUNS.append(pytest.param("a8w4-mxfp4", False, id="a8w4-mxfp4-bf16-route"))
 
 
-def _check_sm90_fp4(p, plan, clean=None, *, peaked: bool, kernel: str = "sm90") -> float:  # noqa: ANN001
-    """Run the sm_90 decoder (`kernel` "sm90" or "auto": it must take the fp4 path `host.path_of` names) on `p`,
+def _check_sm90_fp4(p, plan, clean=None, *, peaked: bool, p_fp8: bool = True) -> float:  # noqa: ANN001
+    """Run the decoder (kernel "auto": it must take the sm_90 fp4 path `host.path_of` names for `p_fp8`) on `p`,
     outputs poisoned first, against the tiled fp64 oracle of that path on the same codes and block scales (`clean`:
     the same inputs without the NaN planted in unused page slots): ``v-fp4`` with P rounded to bf16, rel-L2 <= 5e-3
     and |dLSE| <= 2e-3 (the v-conv path's tolerances: the same bf16 products); ``v-fp4-e4m3`` with its residuals and
     P̂ rounded to e4m3 (`oracles.tiled_decode`, ``e4m3_route``), a8w8's tolerances (1e-2 and 2e-2 on peaked inputs:
-    the same fp8 wgmma accumulation). Zeros must fail that check always; with `peaked` inputs the mean of V too.
+    the same fp8 wgmma accumulation) and |dLSE| also 2e-3 of |LSE| (scores in the hundreds). Zeros must fail that
+    check always; with `peaked` inputs the mean of V too.
     Returns the rel-L2."""
     from oracles import mean_v, rel, tiled_decode
 
     from mlalab.kernels import Decoder, KernelConfig
     from mlalab.kernels.sm90.host import path_of
 
-    path = path_of(p, asked=kernel == "sm90")
-    dec = Decoder(p, plan, config=KernelConfig(kernel=kernel))
+    path = path_of(p, p_fp8=p_fp8)
+    dec = Decoder(p, plan, config=KernelConfig(p_fp8=p_fp8))
     assert dec.ran == f"sm90:{path}", dec.sm90_reason
     out, lse = _poisoned(dec)
     route = path == "v-fp4-e4m3"
@@ -608,8 +607,12 @@ def _check_sm90_fp4(p, plan, clean=None, *, peaked: bool, kernel: str = "sm90") 
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()  # every element written, no NaN let through
     err = rel(out.cpu()[live], ref[live])
     rows = live.all(-1)
-    dl = float((lse.cpu().double() - ref_lse)[rows].abs().max()) if rows.any() else 0.0
     tol, lse_tol = (1e-2, 2e-2) if route and peaked else (5e-3, 2e-3)
+    # fp8 wgmma accumulates the scores with ~2^-11 of their magnitude: where a token's score is in the hundreds
+    # (tokens x 256 on unit inputs) the LSE is off by up to 2.8e-4 (q x 1) and 6.5e-4 (q x 3) of itself (H100/H200)
+    lse_rel = 2e-3 if route else 0.0
+    excess = (lse.cpu().double() - ref_lse).abs() - lse_rel * ref_lse.abs()
+    dl = float(excess[rows].max()) if rows.any() else 0.0
     assert err <= tol and dl <= lse_tol, (p.precision.value, path, plan.planner, err, dl)
     assert rel(torch.zeros_like(ref[live]), ref[live]) > 10 * tol
     if peaked:  # the check can fail: the mean of V is far from the answer
@@ -633,8 +636,8 @@ _SM90_BATCHES = [
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("planner", list(PLANNERS))
-@pytest.mark.parametrize(("precision", "kernel"), _SM90_FP4_RUNS)
-def test_gpu_sm90_fp4_every_planner_ragged_long_empty(planner: str, precision: str, kernel: str) -> None:
+@pytest.mark.parametrize(("precision", "p_fp8"), _SM90_FP4_RUNS)
+def test_gpu_sm90_fp4_every_planner_ragged_long_empty(planner: str, precision: str, p_fp8: bool) -> None:
     from mlalab.backends.triton import build_plan
     from mlalab.config import DecodeCase
     from mlalab.inputs import make_inputs
@@ -643,13 +646,13 @@ def test_gpu_sm90_fp4_every_planner_ragged_long_empty(planner: str, precision: s
     for lens, dist in _SM90_BATCHES:
         x = make_inputs(DecodeCase(kv_lens=lens, seed=4, dist=dist)).to("cuda")
         x = _peaked(x) if dist == "unit" else x
-        _check_sm90_fp4(prepare(x, precision), build_plan(x, planner, 132), peaked=dist == "unit", kernel=kernel)
+        _check_sm90_fp4(prepare(x, precision), build_plan(x, planner, 132), peaked=dist == "unit", p_fp8=p_fp8)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize(("precision", "kernel"), _SM90_FP4_RUNS)
-def test_gpu_sm90_fp4_many_works_per_cta_and_speculative_decode(precision: str, kernel: str) -> None:
+@pytest.mark.parametrize(("precision", "p_fp8"), _SM90_FP4_RUNS)
+def test_gpu_sm90_fp4_many_works_per_cta_and_speculative_decode(precision: str, p_fp8: bool) -> None:
     """Plans on a few slots (CTAs with 4-15 works, works without tiles between works with tiles: the q conversion of
     a8w4 and the scale staging across works) and q_len 2 (row passes)."""
     from mlalab.backends.triton import build_plan
@@ -665,14 +668,14 @@ def test_gpu_sm90_fp4_many_works_per_cta_and_speculative_decode(precision: str, 
         plan = build_plan(x, planner, slots)
         if q_len == 1:
             assert int(plan.work_indptr.diff().max()) >= 4, (planner, slots)  # the point of the case
-        _check_sm90_fp4(prepare(x, precision), plan, peaked=True, kernel=kernel)
+        _check_sm90_fp4(prepare(x, precision), plan, peaked=True, p_fp8=p_fp8)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
-@pytest.mark.parametrize(("precision", "kernel"), _SM90_FP4_RUNS)
-def test_gpu_sm90_fp4_paged_64_with_nan_in_unused_slots(planner: str, precision: str, kernel: str) -> None:
+@pytest.mark.parametrize(("precision", "p_fp8"), _SM90_FP4_RUNS)
+def test_gpu_sm90_fp4_paged_64_with_nan_in_unused_slots(planner: str, precision: str, p_fp8: bool) -> None:
     """Permuted 64-token pages whose unused slots hold random codes and NaN block scales (E8M0 0xFF, E4M3 0x7F): the
     kernel must never let them reach the output (their V rows are zeroed in shared memory, their scores masked)."""
     import dataclasses
@@ -703,13 +706,13 @@ def test_gpu_sm90_fp4_paged_64_with_nan_in_unused_slots(planner: str, precision:
             planted += 64 - last
     assert planted > 0
     knobs = {"block": 1} if planner == "simple" else {}
-    _check_sm90_fp4(p, build_plan(x, planner, 132, **knobs), clean, peaked=True, kernel=kernel)
+    _check_sm90_fp4(p, build_plan(x, planner, 132, **knobs), clean, peaked=True, p_fp8=p_fp8)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize(("precision", "kernel"), _SM90_FP4_RUNS)
-def test_gpu_sm90_fp4_spread_exponents_and_flushed_blocks(precision: str, kernel: str) -> None:
+@pytest.mark.parametrize(("precision", "p_fp8"), _SM90_FP4_RUNS)
+def test_gpu_sm90_fp4_spread_exponents_and_flushed_blocks(precision: str, p_fp8: bool) -> None:
     """Large-norm tokens among ordinary ones and blocks 12+ binades below their token's largest, in the value and the
     rope dims (`_spread_exponents`), ragged, split by two planners, peaked and competition inputs: against the path's
     oracle (the e4m3 route's models the shifted P̂ and the flushed blocks exactly)."""
@@ -723,13 +726,13 @@ def test_gpu_sm90_fp4_spread_exponents_and_flushed_blocks(precision: str, kernel
         x = x.to("cuda")
         x = _peaked(x) if dist == "unit" else x
         for planner in ("simple", "balanced"):
-            _check_sm90_fp4(prepare(x, precision), build_plan(x, planner, 132), peaked=dist == "unit", kernel=kernel)
+            _check_sm90_fp4(prepare(x, precision), build_plan(x, planner, 132), peaked=dist == "unit", p_fp8=p_fp8)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize(("precision", "kernel"), _SM90_FP4_RUNS)
-def test_gpu_sm90_fp4_tile_holds_the_exact_values_of_every_code_and_scale(precision: str, kernel: str) -> None:
+@pytest.mark.parametrize(("precision", "p_fp8"), _SM90_FP4_RUNS)
+def test_gpu_sm90_fp4_tile_holds_the_exact_values_of_every_code_and_scale(precision: str, p_fp8: bool) -> None:
     """Requests of one token each: the softmax weight is exactly 1, so the output is V itself (times NVFP4's
     per-cache scale, in fp32, then bf16): every code byte in every position of a row, E8M0 scales 2^-127 .. 2^72 and
     every non-NaN E4M3 scale, both signs, subnormal scales. The bf16 tile must hold exactly E2M1 × scale (a wrong
@@ -759,8 +762,8 @@ def test_gpu_sm90_fp4_tile_holds_the_exact_values_of_every_code_and_scale(precis
         sc = ok[(rows * 3 + torch.arange(36)[None, :]) % len(ok)]
     scales = sc.to(torch.uint8).view(p.kv_scales.dtype)
     q = dataclasses.replace(p, kv=codes.cuda(), kv_scales=scales.cuda())
-    dec = Decoder(q, build_plan(x, "simple", 132), config=KernelConfig(kernel=kernel))
-    path = path_of(q, asked=kernel == "sm90")
+    dec = Decoder(q, build_plan(x, "simple", 132), config=KernelConfig(p_fp8=p_fp8))
+    path = path_of(q, p_fp8=p_fp8)
     assert dec.ran == f"sm90:{path}", dec.sm90_reason
     out, _ = _poisoned(dec)
     g = float(p.kv_scale.cpu()[0])
@@ -778,8 +781,8 @@ def test_gpu_sm90_fp4_tile_holds_the_exact_values_of_every_code_and_scale(precis
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize(("precision", "kernel"), _SM90_FP4_RUNS)
-def test_gpu_sm90_fp4_error_within_5pct_of_the_emulated_scheme(precision: str, kernel: str) -> None:
+@pytest.mark.parametrize(("precision", "p_fp8"), _SM90_FP4_RUNS)
+def test_gpu_sm90_fp4_error_within_5pct_of_the_emulated_scheme(precision: str, p_fp8: bool) -> None:
     """Against the exact decode of the bf16 inputs, the sm_90 fp4 decode's error is within 5 % of the emulated scheme's
     (the same codes decoded in fp64): the kernel adds almost nothing to the format's own error. Competition inputs."""
     from oracles import rel
@@ -792,7 +795,7 @@ def test_gpu_sm90_fp4_error_within_5pct_of_the_emulated_scheme(precision: str, k
     x = make_inputs(DecodeCase(kv_lens=ragged_kv_lens(16, 2048, seed=5), seed=6)).to("cuda")
     p = prepare(x, precision)
     plan = make_plan("simple", x.qo_indptr.cpu(), x.kv_indptr.cpu(), 132)
-    out, _ = Decoder(p, plan, config=KernelConfig(kernel=kernel))()
+    out, _ = Decoder(p, plan, config=KernelConfig(p_fp8=p_fp8))()
     emul, _ = naive_decode(p)
     exact, _ = naive_decode(prepare(x, "bf16"))
     assert rel(out, exact) <= 1.05 * rel(emul.to(torch.bfloat16), exact)

@@ -59,7 +59,7 @@ def test_refusals_name_the_reason() -> None:
     tok = make_inputs(DecodeCase(kv_lens=(100, 70), page_size=1, permute_pages=True))  # a token table
     assert host.tokens(prepare(tok, "a8w8")) and not host.tokens(prepare(x, "a8w8"))
     twi = token_work_info(make_plan("simple", tok.qo_indptr, tok.kv_indptr, 4), tok.kv_indptr, tok.kv_last_page_len)
-    assert "needs an NVIDIA GPU" in host.unsupported(prepare(tok, "bf16"), twi)  # (then TOKENS_PENDING unless asked)
+    assert "needs an NVIDIA GPU" in host.unsupported(prepare(tok, "bf16"), twi)
     assert "fp4 KV needs contiguous tiles" in host.unsupported(prepare(tok, "a8w4-mxfp4"), twi)
     spec = make_inputs(DecodeCase(kv_lens=(100, 70), q_len=2))  # speculative decode runs (as row passes)
     swi = token_work_info(make_plan("simple", spec.qo_indptr, spec.kv_indptr, 4), spec.kv_indptr, spec.kv_last_page_len)
@@ -467,12 +467,8 @@ def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: st
             kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(code_type).fill_(nan_code)
     assert torch.isnan(p.kv.float()).any()
     knobs = {"block": 1} if planner == "simple" else {}
-    # (pages of 16 / 32: kernel "auto" keeps them on the portable kernel until this test has passed on a GPU)
-    config = KernelConfig(kernel="sm90") if page < 64 else KernelConfig()
     plan = build_plan(x, planner, 132, **knobs)
-    if page < 64:
-        assert Decoder(p, plan).sm90_reason == host.SUB_TILE_PENDING
-    _check(p, plan, clean, peaked=True, config=config)
+    _check(p, plan, clean, peaked=True, config=KernelConfig())  # (kernel "auto": it must pick sm_90)
 
 
 @pytest.mark.gpu
@@ -503,8 +499,7 @@ def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: st
     code_type, nan_code = (torch.uint8, 0x7F) if p.spec.kv_fp8 else (torch.int16, 0x7FC0)
     p.kv.view(code_type)[unused.cuda()] = nan_code
     plan = build_plan(x, planner, 132 // q_len)
-    assert Decoder(p, plan).sm90_reason == host.TOKENS_PENDING  # (kernel "auto": portable, until this passes)
-    _check(p, plan, clean, peaked=True, config=KernelConfig(kernel="sm90"))
+    _check(p, plan, clean, peaked=True, config=KernelConfig())  # (kernel "auto": it must pick sm_90)
 
 
 @pytest.mark.gpu

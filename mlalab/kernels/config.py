@@ -24,9 +24,10 @@ class KernelConfig:
             in ``sm90_reason``), ``"sm90"`` (refused with the reason where it cannot run) or ``"portable"``.
         pdl: launch the reduce as a programmatic dependent of the sm_90 stage 1 (its launch overlaps stage 1 and it
             starts the moment stage 1's writes are visible). Default True; False launches it plainly.
-        p_fp8: a8w8 numerics: round the softmax probabilities P through the KV's fp8 type before the value product,
-            as aiter (and the competition's reference) does. Default True. False keeps P in fp16 for the PV: the
-            portable kernel only (the sm_90 kernel's value product runs on fp8 operands).
+        p_fp8: fp8 q: round the softmax probabilities P through an fp8 type before the value product, as aiter (and
+            the competition's reference) does: the KV's for a8w8, e4m3 for a8w4. Default True. False keeps P in
+            fp16 (a8w8: the portable kernel only, the sm_90 value product runs on fp8 operands) or bf16 (a8w4: on
+            sm_90 a8w4-mxfp4 then takes the bf16 route instead of the e4m3 one).
     """
 
     kernel: str = "auto"

@@ -103,7 +103,7 @@ class Decoder:
         why_not = None
         if config.kernel != "portable":
             why_not = sm90_host.unsupported(prepared, work_info, pv_exact=self.pv_exact, out_dtype=out_dtype,
-                                            p_fp8=config.p_fp8, asked=config.kernel == "sm90")  # fmt: skip
+                                            p_fp8=config.p_fp8)  # fmt: skip
             if why_not is not None and config.kernel == "sm90":
                 raise ValueError(f"kernel='sm90' cannot run here: {why_not}")
         #: which stage-1 kernel runs ("sm90" or "portable")
@@ -145,7 +145,7 @@ class Decoder:
             cta_indptr, row_info = sm90_host.row_passes(plan.work_indptr, work_info)
             self.work_info = row_info.to(dev)
             self.sm90 = sm90_host.Sm90Stage1(prepared, cta_indptr, row_info, launch_dependents=self.use_pdl,
-                                             asked=config.kernel == "sm90")  # fmt: skip
+                                             p_fp8=config.p_fp8)  # fmt: skip
 
     def _gluon_reduce(self, most: int) -> Callable[[], None]:
         from .sm90 import reduce as R

@@ -15,7 +15,7 @@ from ...config import MLA
 from ...quant.precision import Precision
 from ..prepare import PreparedInputs
 
-__all__ = ["PATHS", "E4M3_PENDING", "path_of", "SUB_TILE_PAGES", "SUB_TILE_PENDING", "TOKENS_PENDING", "tokens",
+__all__ = ["PATHS", "path_of", "SUB_TILE_PAGES", "tokens",
            "RING", "FIRST_BURST",
            "INFO_COLS", "unsupported", "import_error", "row_passes", "kv_box", "tile_stream", "cta_info",
            "first_burst", "Sm90Stage1"]  # fmt: skip
@@ -25,25 +25,8 @@ PATHS = {Precision.A8W8: "v-regs", Precision.BF16: "v-tile", Precision.A16W8: "v
          **dict.fromkeys((Precision.A16W4_MXFP4, Precision.A8W4_MXFP4, Precision.A16W4_NVFP4, Precision.A8W4_NVFP4),
                          "v-fp4")}  # fmt: skip
 
-#: Why kernel "auto" runs a8w4-mxfp4 on the bf16 route (``v-fp4``), not the e4m3 route (``v-fp4-e4m3``: both products
-#: on fp8 wgmma, `fp4tiles`): the e4m3 route compiles for sm_90 but has not run on a GPU yet. ``kernel="sm90"`` runs
-#: it (`path_of`), so its GPU tests and an A/B against the bf16 route can run side by side.
-E4M3_PENDING = ("a8w4-mxfp4 runs the e4m3 route (v-fp4-e4m3) only when asked for (kernel='sm90') until its GPU tests "
-                "pass (tests/test_fp4_kernels.py -m gpu -k e4m3)")  # fmt: skip
-
 #: Page sizes below a tile's 64 tokens that the kernel reads page by page (one TMA box per page, `tile_stream`).
 SUB_TILE_PAGES = (16, 32)
-#: Why kernel "auto" leaves pages of 16 / 32 tokens on the portable kernel: the page-by-page loads compile for sm_90
-#: (no spills) but their GPU tests have not run yet. ``kernel="sm90"`` runs them.
-SUB_TILE_PENDING = ("pages of 16 / 32 tokens run on the sm_90 kernel only when asked for (kernel='sm90') until its "
-                    "GPU tests pass (tests/test_sm90_kernel.py -m gpu -k paged)")  # fmt: skip
-
-#: Why kernel "auto" leaves page size 1 with a token table other than the identity (sglang's and aiter's token pool)
-#: on the portable kernel: the sm_90 kernel fills its ring by cp.async there (`stage1._copy_token_rows`), which
-#: compiles for sm_90 but has not run on a GPU yet. ``kernel="sm90"`` runs it.
-TOKENS_PENDING = ("page size 1 with a token table other than the identity runs on the sm_90 kernel only when asked for "
-                  "(kernel='sm90') until its GPU tests pass (tests/test_sm90_kernel.py -m gpu -k tokens)")  # fmt: skip
-
 #: The TMA ring of each path, in 64-token tiles: 3 fp8 tiles (36 KB each); 2 bf16 tiles (72 KB each, all that fits
 #: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile; 3 tiles of fp4 codes
 #: (18 KB each) beside it.
@@ -60,10 +43,10 @@ INFO_COLS = 5 + max(RING.values())
 BLOCK_N = 64
 
 
-def path_of(prepared: PreparedInputs, *, asked: bool = False) -> str:
-    """The stage-1 path these inputs take (`PATHS`); with `asked` (``kernel="sm90"``), a8w4-mxfp4 takes the e4m3 route
-    (`E4M3_PENDING`)."""
-    if asked and prepared.precision is Precision.A8W4_MXFP4:
+def path_of(prepared: PreparedInputs, *, p_fp8: bool = True) -> str:
+    """The stage-1 path these inputs take (`PATHS`); a8w4-mxfp4 takes the e4m3 route (``v-fp4-e4m3``: P rounded to
+    e4m3, both products on fp8 wgmma) unless `p_fp8` is False (then the bf16 route, P in bf16)."""
+    if p_fp8 and prepared.precision is Precision.A8W4_MXFP4:
         return "v-fp4-e4m3"
     return PATHS[prepared.precision]
 
@@ -84,14 +67,12 @@ def unsupported(
     pv_exact: bool = False,
     out_dtype: torch.dtype = torch.bfloat16,
     p_fp8: bool = True,
-    asked: bool = False,
 ) -> str | None:
     """Why the sm_90 kernel cannot run these inputs and plan (None when it can): first what the inputs ask for, then
     what this machine lacks. `work_info`: the plan's works in tokens (`mlalab.kernels.decoder.token_work_info`), or
     None before any plan exists (no plan can make the inputs runnable or not today: any q rows per work run, as
     `row_passes`). The one place that decides: the decoder (kernel "auto") and the backend's plan default both ask
-    it. `asked`: the caller named this kernel (``kernel="sm90"``): pages of 16 / 32 tokens run only then, until their
-    GPU tests have passed (`SUB_TILE_PENDING`)."""
+    it."""
     if prepared.spec.kv_fp4:
         expect = (prepared.kv.shape[0], MLA.qk_dim // (32 if prepared.spec.kv_format == "mxfp4" else 16))
         if (prepared.kv.dtype != torch.uint8 or prepared.kv.shape[-1] != MLA.qk_dim // 2 or prepared.kv_scales is None
@@ -106,9 +87,6 @@ def unsupported(
         return "production numerics only (bf16 output, fp8 or bf16 products): exact mode runs on the portable kernel"
     if prepared.precision is Precision.A8W8 and not p_fp8:
         return "P kept in fp16 (p_fp8=False): the sm_90 value product runs on fp8 operands; the portable kernel runs it"
-    if asked and prepared.precision is Precision.A8W4_MXFP4 and not p_fp8:
-        return ("P not rounded through fp8 (p_fp8=False): the e4m3 route (kernel='sm90') rounds it to e4m3; kernel "
-                "'auto' runs the bf16 route")  # fmt: skip
     kv_dim = MLA.qk_dim // 2 if prepared.spec.kv_fp4 else MLA.qk_dim  # (fp4: two codes per byte)
     if tuple(prepared.q.shape[1:]) != (MLA.num_heads, MLA.qk_dim) or prepared.kv.shape[-1] != kv_dim:
         return f"written for {MLA.num_heads} heads x {MLA.qk_dim} dims"
@@ -125,10 +103,6 @@ def unsupported(
         return "needs an NVIDIA GPU"
     if torch.cuda.get_device_capability(dev) != (9, 0):
         return f"needs compute capability 9.0 (Hopper), this GPU has {torch.cuda.get_device_capability(dev)}"
-    if ps in SUB_TILE_PAGES and not asked:
-        return SUB_TILE_PENDING
-    if tokens(prepared) and not asked:
-        return TOKENS_PENDING
     return import_error()
 
 
@@ -251,11 +225,11 @@ class Sm90Stage1:
     q row per work, one row of `work_indptr` per CTA (`row_passes`)."""
 
     def __init__(self, prepared: PreparedInputs, work_indptr: torch.Tensor, work_info: torch.Tensor, *,
-                 launch_dependents: bool, asked: bool = False) -> None:  # fmt: skip
+                 launch_dependents: bool, p_fp8: bool = True) -> None:  # fmt: skip
         from . import stage1
 
         self.K = stage1
-        self.path = path_of(prepared, asked=asked)
+        self.path = path_of(prepared, p_fp8=p_fp8)
         self.stages = RING[self.path]
         t_indptr, t_rows = tile_stream(prepared, work_indptr, work_info)
         self.kv_box = kv_box(prepared)
