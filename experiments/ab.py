@@ -17,7 +17,7 @@ the process, the GPU and the inputs (the same seeded generator).
     python experiments/ab.py --before .before --variants auto,before:auto --no-check   # same speed as the old code?
     python experiments/ab.py --precision bf16 --variants auto,portable                 # FlashMLA bf16 beside
     python experiments/ab.py --precision a16w8 --peers flashinfer --variants auto,portable
-    python experiments/ab.py --precision a8w4-mxfp4 --peers none --variants auto,sm90   # bf16 vs e4m3 fp4 route
+    python experiments/ab.py --precision a8w4-mxfp4 --peers none --variants auto,p-bf16   # e4m3 vs bf16 fp4 route
 """
 
 from __future__ import annotations

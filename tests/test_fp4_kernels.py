@@ -183,8 +183,8 @@ def test_prepare_writes_the_accuracy_schemes_bits() -> None:
 
 
 def test_sm90_takes_fp4_and_refuses_a_cache_that_does_not_match() -> None:
-    """The sm_90 kernel runs every fp4 precision (``v-fp4``; here only the missing GPU stops it) and refuses, naming
-    the layout it needs, codes or scales of another shape."""
+    """The sm_90 kernel runs every fp4 precision (``v-fp4``; a8w4-mxfp4 ``v-fp4-e4m3`` unless p_fp8=False; here only
+    the missing GPU stops it) and refuses, naming the layout it needs, codes or scales of another shape."""
     import dataclasses
 
     from mlalab.config import DecodeCase
@@ -609,9 +609,11 @@ def _check_sm90_fp4(p, plan, clean=None, *, peaked: bool, p_fp8: bool = True) ->
     rows = live.all(-1)
     tol, lse_tol = (1e-2, 2e-2) if route and peaked else (5e-3, 2e-3)
     # fp8 wgmma accumulates the scores with ~2^-11 of their magnitude: where a token's score is in the hundreds
-    # (tokens x 256 on unit inputs) the LSE is off by up to 2.8e-4 (q x 1) and 6.5e-4 (q x 3) of itself (H100/H200)
-    lse_rel = 2e-3 if route else 0.0
-    excess = (lse.cpu().double() - ref_lse).abs() - lse_rel * ref_lse.abs()
+    # (tokens x 256 on unit inputs, LSEs of 300-530) the LSE is off by up to 0.23 (H100, q x 1; an H200 saw 0.65
+    # with q x 3). Only there (|LSE| > 50) does the bound grow, by 2e-3 of |LSE|; everywhere else it is absolute.
+    big = ref_lse.abs() > 50.0
+    allow = torch.where(big, 2e-3 * ref_lse.abs(), 0.0) if route else torch.zeros_like(ref_lse)
+    excess = (lse.cpu().double() - ref_lse).abs() - allow
     dl = float(excess[rows].max()) if rows.any() else 0.0
     assert err <= tol and dl <= lse_tol, (p.precision.value, path, plan.planner, err, dl)
     assert rel(torch.zeros_like(ref[live]), ref[live]) > 10 * tol

@@ -27,7 +27,8 @@ class KernelConfig:
         p_fp8: fp8 q: round the softmax probabilities P through an fp8 type before the value product, as aiter (and
             the competition's reference) does: the KV's for a8w8, e4m3 for a8w4. Default True. False keeps P in
             fp16 (a8w8: the portable kernel only, the sm_90 value product runs on fp8 operands) or bf16 (a8w4: on
-            sm_90 a8w4-mxfp4 then takes the bf16 route instead of the e4m3 one).
+            sm_90 a8w4-mxfp4 then takes the bf16 route instead of the e4m3 one). The sm_90 kernel rounds P to bf16
+            for a8w4-nvfp4 whatever this says (its E2M1 × E4M3 values do not fit e4m3).
     """
 
     kernel: str = "auto"

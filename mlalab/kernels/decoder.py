@@ -189,7 +189,8 @@ class Decoder:
     @property
     def ran(self) -> str:
         """The stage-1 kernel that runs: ``portable``, or ``sm90:`` and its path (``v-regs`` for fp8 q and KV,
-        ``v-tile`` for bf16, ``v-conv`` for bf16 q with fp8 KV, ``v-fp4`` for fp4 KV)."""
+        ``v-tile`` for bf16, ``v-conv`` for bf16 q with fp8 KV, ``v-fp4-e4m3`` for a8w4-mxfp4 (``v-fp4`` with
+        ``p_fp8=False``), ``v-fp4`` for the other fp4-KV precisions)."""
         return "portable" if self.sm90 is None else f"sm90:{self.sm90.path}"
 
     def __call__(self, q: torch.Tensor | None = None, kv: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
