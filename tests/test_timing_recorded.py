@@ -92,6 +92,33 @@ def test_panel_controls_change_the_figure() -> None:
     assert "triton" in p.message.value and all(t.name != "triton a8w8" for t in p.bars.data)
 
 
+def test_panel_reads_the_layout_runs_too(tmp_path) -> None:  # noqa: ANN001
+    """The timing panel reads data/layouts beside data/timings: its decode-layout control offers the token tables and
+    pages of 16 recorded there, and picking the token-table run with that layout shows its Triton bars. Loading
+    refuses a non-path argument and two folders holding a file of the same name."""
+    import shutil
+
+    from mlalab.records.timings import LAYOUTS_DIR, TIMINGS_DIR, load_recorded
+    from mlalab.widgets.timing import timing_panel
+
+    p = timing_panel()
+    cases = [v for _, v in p.layout.options]
+    assert (1, "tokens") in cases and (1, "paged16") in cases and (2, "contiguous") in cases
+    p.run.value = "h100_2026-12-06_tokens_q1.csv"
+    p.layout.value = (1, "tokens")
+    bars = [t for t in p.bars.data if t.name == "triton a8w8"]
+    assert bars and len(bars[0].y) == 14 and "tokens" not in p.message.value
+    with pytest.raises(TypeError, match="data_dir must be a folder path"):
+        load_recorded(3)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for d in (a, b):
+        shutil.copy(f"{LAYOUTS_DIR}/h100_2026-12-06_tokens_q1.csv", d)
+    with pytest.raises(ValueError, match="CSV of the same name"):
+        load_recorded((str(a), str(b)))
+    assert set(load_recorded((TIMINGS_DIR, LAYOUTS_DIR))["run"]) >= {"h100_2026-12-06_tokens_q1.csv"}
+
+
 def test_rel_l2_and_gpu_required() -> None:
     assert rel_l2(torch.ones(4), torch.ones(4)) == 0.0
     assert math.isnan(rel_l2(torch.ones(4), torch.zeros(4)))  # accuracy.output_metrics's definition, one place

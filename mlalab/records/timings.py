@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +22,17 @@ from ..plan import WorkPlan, indptrs_for, make_plan
 from ..quant.precision import CORE_PRECISIONS
 from .schema import ACCURACY_PENDING, CSV_COLUMNS, DATA_ROOT, is_default_config, parse_config
 
-__all__ = ["TIMINGS_DIR", "DEFAULT_PLANNER", "load_recorded", "with_case_columns", "case_rows", "default_run",
+__all__ = ["TIMINGS_DIR", "LAYOUTS_DIR", "DEFAULT_PLANNER", "load_recorded", "with_case_columns", "case_rows",
+           "default_run",
            "RecordedView", "recorded_view", "as_view", "series_rows", "best_per_shape", "speedup_table",
            "winners_table", "headline", "fastest_record", "record_for_shape", "plan_of_record", "plan_check",
            "REFERENCE_GPU", "full_runs",
            "PRE_ONE_WAVE_RUNS"]  # fmt: skip
 
 TIMINGS_DIR = os.path.join(DATA_ROOT, "timings")
+#: Timings of other decode layouts (q_len > 1, paged caches, token tables) against our contiguous cache and the peers:
+#: partial runs (a few shapes or backends), read beside `TIMINGS_DIR` by the timing panel.
+LAYOUTS_DIR = os.path.join(DATA_ROOT, "layouts")
 
 #: The planner the Triton backend uses when none is given (`mlalab.backends.triton.make_callable`).
 DEFAULT_PLANNER = "simple"
@@ -41,12 +45,20 @@ _PEERS = ("flashmla", "flashinfer", "reference-torch", "aiter")
 _KEY = ["backend", "precision", "batch", "kv_len"]
 
 
-def load_recorded(data_dir: str = TIMINGS_DIR) -> pd.DataFrame:
-    """All recorded timing CSVs, timed rows only (status 'ok', or 'accuracy pending': a suite stopped between its
-    timing and accuracy passes; their error columns are NaN), with a `run` column (file name)."""
-    files = sorted(glob.glob(os.path.join(data_dir, "*.csv")), key=lambda f: natural_key(os.path.basename(f)))
+def load_recorded(data_dir: str | Sequence[str] = TIMINGS_DIR) -> pd.DataFrame:
+    """All recorded timing CSVs of `data_dir` (a folder, or several: e.g. ``(TIMINGS_DIR, LAYOUTS_DIR)``), timed rows
+    only (status 'ok', or 'accuracy pending': a suite stopped between its timing and accuracy passes; their error
+    columns are NaN), with a `run` column (file name)."""
+    dirs = [data_dir] if isinstance(data_dir, str) else list(data_dir) if isinstance(data_dir, (list, tuple)) else None
+    if not dirs or not all(isinstance(d, str) for d in dirs):
+        raise TypeError(f"data_dir must be a folder path (str) or a list / tuple of them, got {data_dir!r}")
+    found = [f for d in dirs for f in glob.glob(os.path.join(d, "*.csv"))]
+    files = sorted(found, key=lambda f: natural_key(os.path.basename(f)))
     if not files:
-        raise FileNotFoundError(f"no timing CSVs under {data_dir}")
+        raise FileNotFoundError(f"no timing CSVs under {', '.join(dirs)}")
+    names = [os.path.basename(f) for f in files]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two folders of {', '.join(dirs)} hold a CSV of the same name (runs are named by file)")
     dfs = [with_case_columns(pd.read_csv(f)).assign(run=os.path.basename(f)) for f in files]
     df = pd.concat(dfs, ignore_index=True)
     return df[df["status"].isin(["ok", ACCURACY_PENDING])].copy()

@@ -5,7 +5,7 @@ time the view shows (`plan_time_panel`); pick a shape and see stage 1's measured
 (`experiments_panel`, each file titled by the question it answers). Every view names the file(s) it read, and its
 banner and figure titles are computed from what it shows (an empty selection says so in the figure). The timing and
 experiments panels show a busy line while they update and an export bar (table CSV, figures HTML/PNG). Live
-measurement needs a GPU; without one the panels show the recorded H200 data and say so."""
+measurement needs a GPU; without one the panels show the recorded data (H200 and H100 runs, named) and say so."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from ..plots.timing import bandwidth_figure, bars_per_shape, plan_time_facts, pl
 from ..records.ab import experiment_geomeans, list_experiments, load_experiment, peer_name
 from ..records.profiles import load_timelines, timeline_summary
 from ..records.timings import (
+    LAYOUTS_DIR,
     REFERENCE_GPU,
+    TIMINGS_DIR,
     RecordedView,
     default_run,
     load_recorded,
@@ -76,16 +78,17 @@ _WRAP = "style='overflow-wrap:anywhere;white-space:normal'"
 
 def _check_df(df: object) -> pd.DataFrame:
     if df is None:
-        return load_recorded()
+        return load_recorded((TIMINGS_DIR, LAYOUTS_DIR))
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"df must be a pandas DataFrame of timing records, got {type(df).__name__}")
     return df
 
 
 def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
-    """Backends / precision / planner / run controls over the recorded timings. Default: ONE run (the newest full
-    suite run) with Triton at its default config; the "best of all" box switches to the fastest row per shape
-    over every run and config, labelled as such with the winning run · config per shape."""
+    """Backends / precision / planner / run controls over the recorded timings (`df`; default: data/timings and
+    data/layouts). Default view: ONE run (the newest full suite run) with Triton at its default config; the "best of
+    all" box switches to the fastest row per shape over every run and config, labelled as such with the winning
+    run · config per shape."""
     df = _check_df(df)
     source = "live GPU available: run `python -m mlalab bench` to add records;" if torch.cuda.is_available() else ""
     note = W.HTML()
@@ -130,7 +133,7 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
             )  # fmt: skip
         except ValueError as e:
             view_html.value, message.value, table.value = "", f"<i>{e}</i>", ""
-            note.value = f"<b>{source or 'No GPU here: recorded H200 data (data/timings)'}</b> — nothing in {where}"
+            note.value = f"<b>{source or 'No GPU here: recorded data'}</b> — nothing in {where}"
             for fw in (bars, bw):
                 show_figure(fw, None, f"no records in {where} for planner {planner.value}")
             shown.update(rows=None, stem=f"timings_{where}")
@@ -138,9 +141,7 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
         rows = view.rows
         dates = ", ".join(sorted(rows["date"].astype(str).unique()))
         gpus = ", ".join(sorted(rows["gpu"].astype(str).unique()))
-        note.value = (
-            f"<b>{source or 'No GPU here: showing the recorded H200 data (data/timings)'}</b> — {gpus}, {dates}"
-        )
+        note.value = f"<b>{source or 'No GPU here: showing recorded data'}</b> — {gpus}, {dates}"
         view_html.value = f"<b>Showing:</b> {view.label}. <b>Files read:</b> {', '.join(view.files)}."
         have = set(zip(rows["backend"], rows["precision"]))
         series = [(b, precision.value) for b in backends.value if (b, precision.value) in have]
