@@ -278,6 +278,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "runs += [(p, True, None, 0, 0, None, pg) for p, pg in (('v-regs', 16), ('v-regs', 32), ('v-tile', 16),\n"
         "                                                         ('v-conv', 16))]  # page by page\n"
         "runs += [(p, True, None, 0, 0, None, 1) for p in ('v-regs', 'v-tile', 'v-conv')]  # token tables\n"
+        "runs += [('v-regs', True, 2, 0, 0, None, 1)]  # (token tables with a deferred ring fill, as launched)\n"
         "for path, mask, fb, tl, ab, prec, pg in runs:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
         "                       page=pg)\n"
@@ -288,7 +289,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0))\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 28, out
+    assert len(rows) == 29, out
     for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
         if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
