@@ -18,7 +18,7 @@ the process, the GPU and the inputs (the same seeded generator).
     python experiments/ab.py --precision bf16 --variants auto,portable                 # FlashMLA bf16 beside
     python experiments/ab.py --precision a16w8 --peers flashinfer --variants auto,portable
     python experiments/ab.py --precision a8w4-mxfp4 --peers none --variants auto,p-bf16   # e4m3 vs bf16 fp4 route
-    python experiments/ab.py --precision a8w4-mxfp4 --peers none --variants auto,slots264 # 2 CTAs an SM
+    python experiments/ab.py --precision a8w4-mxfp4 --peers none --variants auto,auto@264 # 2 CTAs an SM
 """
 
 from __future__ import annotations
@@ -47,9 +47,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "portable": {"kernel": "portable"},
     "sm90": {"kernel": "sm90"},
     "p-bf16": {"p_fp8": False},  # (a8w4-mxfp4: the bf16 route instead of the e4m3 one; a8w8: the portable kernel)
-    # two plan slots per SM of a 132-SM GPU: two CTAs share an SM where registers and shared memory allow (the e4m3
-    # route: 255 registers x 128 threads, 114 KB; not a8w8's 131 KB ring or the bf16 route's 179 KB)
-    "slots264": {"num_cus": 264},
     "nopdl": {"pdl": False},
     "pb128": {"plan_block": 128},
     "pb256": {"plan_block": 256},

@@ -49,8 +49,8 @@ def load_recorded(data_dir: str | Sequence[str] = TIMINGS_DIR) -> pd.DataFrame:
     """All recorded timing CSVs of `data_dir` (a folder, or several: e.g. ``(TIMINGS_DIR, LAYOUTS_DIR)``), timed rows
     only (status 'ok', or 'accuracy pending': a suite stopped between its timing and accuracy passes; their error
     columns are NaN), with a `run` column (file name)."""
-    dirs = [data_dir] if isinstance(data_dir, str) else list(data_dir) if isinstance(data_dir, (list, tuple)) else None
-    if not dirs or not all(isinstance(d, str) for d in dirs):
+    dirs = [data_dir] if isinstance(data_dir, str) else data_dir
+    if not isinstance(dirs, (list, tuple)) or not dirs or not all(isinstance(d, str) for d in dirs):
         raise TypeError(f"data_dir must be a folder path (str) or a list / tuple of them, got {data_dir!r}")
     found = [f for d in dirs for f in glob.glob(os.path.join(d, "*.csv"))]
     files = sorted(found, key=lambda f: natural_key(os.path.basename(f)))
