@@ -58,6 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import constexpr_function
 
 from .epilogue import _store_work_natural, _store_work_vregs
 from .fp4tiles import E4M3_SHIFT, _as_words, _convert_fp4_tile, _convert_q, _load_tile_scales, _scale_buffers
@@ -99,22 +100,34 @@ def _stamp(TL, col, GLOBAL: gl.constexpr = False):
     gl.store(TL + col, t)
 
 
+@constexpr_function
+def _row_copy_layout(cols, bits, warps):  # noqa: ANN001, ANN202
+    """The layout of a cp.async of rows of `cols` values of `bits` bits: 16 bytes a thread, as many lanes along a row
+    as it has 16-byte chunks (at most 16), so a warp's copy reads whole 128-byte lines of one or two rows."""
+    cols, bits, warps = (int(getattr(v, "value", v)) for v in (cols, bits, warps))
+    vec = 128 // bits
+    lanes = min(cols // vec, 16)
+    return gl.BlockedLayout([1, vec], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
 @gluon.jit
 def _copy_token_rows(KV, kn_smem, kr_smem, bar, rows_ptr):
     """A tile of 64 arbitrary KV rows (`rows_ptr`: their 64 row numbers) into one ring stage (`kn_smem` value dims,
-    `kr_smem` rope dims) by cp.async, 16 bytes a copy: each thread copies half a row's value dims and its rope dims
-    (two threads a row), then arrives on `bar` once its copies have landed (the stage's barrier counts one arrival
-    per thread). Hopper's TMA has no gather; a row each is 64 TMA boxes (and the 128-byte swizzle does not take
-    slices of fewer than 8 rows)."""
+    `kr_smem` rope dims) by cp.async, 16 bytes a copy, the lanes of a warp along a row (`_row_copy_layout`); then
+    each thread arrives on `bar` once its copies have landed (the stage's barrier counts one arrival per thread).
+    Hopper's TMA has no gather; a row each is 64 TMA boxes (and the 128-byte swizzle does not take slices of fewer
+    than 8 rows)."""
     ROWS_N: gl.constexpr = kn_smem.shape[0]
     D_N: gl.constexpr = kn_smem.shape[1]
     D_R: gl.constexpr = kr_smem.shape[1]
-    LN: gl.constexpr = gl.BlockedLayout([1, D_N // 2], [32, 1], [2, 2], [1, 0])
-    LR: gl.constexpr = gl.BlockedLayout([1, D_R // 2], [32, 1], [2, 2], [1, 0])
+    BITS: gl.constexpr = kn_smem.dtype.primitive_bitwidth
+    LN: gl.constexpr = _row_copy_layout(D_N, BITS, gl.num_warps())
+    LR: gl.constexpr = _row_copy_layout(D_R, BITS, gl.num_warps())
     rn = gl.load(rows_ptr + gl.arange(0, ROWS_N, layout=gl.SliceLayout(1, LN))).to(gl.int64) * (D_N + D_R)
     cn = gl.arange(0, D_N, layout=gl.SliceLayout(0, LN))
     _cp_async(kn_smem, KV + rn[:, None] + cn[None, :])
-    rr = gl.convert_layout(rn, gl.SliceLayout(1, LR))
+    # (the row numbers again, in the rope copy's layout: an L1 hit, where converting them went through shared memory)
+    rr = gl.load(rows_ptr + gl.arange(0, ROWS_N, layout=gl.SliceLayout(1, LR))).to(gl.int64) * (D_N + D_R)
     cr = gl.arange(0, D_R, layout=gl.SliceLayout(0, LR))
     _cp_async(kr_smem, KV + D_N + rr[:, None] + cr[None, :])
     async_copy.mbarrier_arrive(bar, increment_count=False)
