@@ -384,17 +384,18 @@ def _stage1_kernel(
                 # (loaded, not carried from the previous tile: Triton 3.6 did not carry such a variable across works)
                 row_rf = gl.load(TILE_ROWS + t_begin + it - 1 + NUM_STAGES,
                                  mask=(it > 0) & (it - 1 + NUM_STAGES < n_tiles), other=0)  # fmt: skip
-            tok_n = (
-                0  # (token tables: the row numbers of this tile's refill, loaded before the wait hides their latency)
-            )
+            # token tables: the row numbers of this tile's refill, loaded before the wait hides their latency
+            tok_n = 0
             tok_r = 0
             if TOKENS:
+                k0 = kn_smem.index(0)
+                r0 = kr_smem.index(0)
                 if V_FROM_K and not KV_CONVERT:  # (the bf16 path refills one tile late)
-                    tok_n, tok_r = _token_rows(sub_rows + (it - 1 + NUM_STAGES) * BLOCK_N, kn_smem.index(0), kr_smem.index(0),
-                                               (it > 0) & (it - 1 + NUM_STAGES < n_tiles))  # fmt: skip
+                    rf = it - 1 + NUM_STAGES
+                    tok_n, tok_r = _token_rows(sub_rows + rf * BLOCK_N, k0, r0, (it > 0) & (rf < n_tiles))
                 else:
-                    tok_n, tok_r = _token_rows(sub_rows + (it + NUM_STAGES) * BLOCK_N, kn_smem.index(0), kr_smem.index(0),
-                                               it + NUM_STAGES < n_tiles)  # fmt: skip
+                    rf = it + NUM_STAGES
+                    tok_n, tok_r = _token_rows(sub_rows + rf * BLOCK_N, k0, r0, rf < n_tiles)
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
             if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
