@@ -101,57 +101,46 @@ def _stamp(TL, col, GLOBAL: gl.constexpr = False):
 
 
 @constexpr_function
-def _row_copy_layout(cols, bits, warps):  # noqa: ANN001, ANN202
-    """The layout of a cp.async of rows of `cols` values of `bits` bits: 16 bytes a thread, as many lanes along a row
-    as it has 16-byte chunks (at most 16), so a warp's copy reads whole 128-byte lines of one or two rows."""
-    cols, bits, warps = (int(getattr(v, "value", v)) for v in (cols, bits, warps))
-    vec = 128 // bits
-    lanes = min(cols // vec, 16)
-    return gl.BlockedLayout([1, vec], [32 // lanes, lanes], [warps, 1], [1, 0])
+def _row_copy_layout(bits, warps):  # noqa: ANN001, ANN202
+    """The layout of a cp.async of token rows of `bits`-bit values: 16 bytes a thread, 4 lanes along a row and 8 rows
+    a warp, so a warp's copy reads 64 contiguous bytes (2 sectors) of each of 8 rows, and a thread copies 2 of a
+    tile's 64 rows (their numbers: 2 registers, the same for the value and the rope dims)."""
+    bits, warps = (int(getattr(v, "value", v)) for v in (bits, warps))
+    return gl.BlockedLayout([1, 128 // bits], [8, 4], [warps, 1], [1, 0])
 
 
 @gluon.jit
-def _token_rows(rows_ptr, kn_smem, kr_smem, ok):
-    """The 64 KV row numbers of a token-table tile (`rows_ptr`; 0 where not `ok`), in the layouts of the value-dim and
-    the rope-dim copies (`_copy_token_rows`): loaded a while before the copies are issued, so that no warp waits for
-    them there."""
-    ROWS_N: gl.constexpr = kn_smem.shape[0]
-    BITS: gl.constexpr = kn_smem.dtype.primitive_bitwidth
-    LN: gl.constexpr = _row_copy_layout(kn_smem.shape[1], BITS, gl.num_warps())
-    LR: gl.constexpr = _row_copy_layout(kr_smem.shape[1], BITS, gl.num_warps())
-    rn = gl.load(rows_ptr + gl.arange(0, ROWS_N, layout=gl.SliceLayout(1, LN)), mask=ok, other=0)
-    rr = gl.load(rows_ptr + gl.arange(0, ROWS_N, layout=gl.SliceLayout(1, LR)), mask=ok, other=0)
-    return rn, rr
+def _token_rows(rows_ptr, kn_smem, ok):
+    """The 64 KV row numbers of a token-table tile (`rows_ptr`; 0 where not `ok`) in the copies' layout
+    (`_copy_token_rows`): loaded a while before the copies are issued, so that no warp waits for them there."""
+    L: gl.constexpr = _row_copy_layout(kn_smem.dtype.primitive_bitwidth, gl.num_warps())
+    return gl.load(rows_ptr + gl.arange(0, kn_smem.shape[0], layout=gl.SliceLayout(1, L)), mask=ok, other=0)
 
 
 @gluon.jit
-def _copy_token_rows(KV, kn_smem, kr_smem, bar, rn, rr):
-    """A tile of 64 arbitrary KV rows (`rn`, `rr`: their row numbers, `_token_rows`) into one ring stage (`kn_smem`
-    value dims, `kr_smem` rope dims) by cp.async, 16 bytes a copy, the lanes of a warp along a row
-    (`_row_copy_layout`); then each thread arrives on `bar` once its copies have landed (the stage's barrier counts
-    one arrival per thread). Hopper's TMA has no gather; a row each is 64 TMA boxes (and the 128-byte swizzle does
-    not take slices of fewer than 8 rows)."""
+def _copy_token_rows(KV, kn_smem, kr_smem, bar, rows):
+    """A tile of 64 arbitrary KV rows (`rows`: their row numbers, `_token_rows`) into one ring stage (`kn_smem` value
+    dims, `kr_smem` rope dims) by cp.async, 16 bytes a copy (`_row_copy_layout`); then each thread arrives on `bar`
+    once its copies have landed (the stage's barrier counts one arrival per thread). Hopper's TMA has no gather; a
+    row each is 64 TMA boxes (and the 128-byte swizzle does not take slices of fewer than 8 rows)."""
     D_N: gl.constexpr = kn_smem.shape[1]
     D_R: gl.constexpr = kr_smem.shape[1]
-    BITS: gl.constexpr = kn_smem.dtype.primitive_bitwidth
-    LN: gl.constexpr = _row_copy_layout(D_N, BITS, gl.num_warps())
-    LR: gl.constexpr = _row_copy_layout(D_R, BITS, gl.num_warps())
-    cn = gl.arange(0, D_N, layout=gl.SliceLayout(0, LN))
-    _cp_async(kn_smem, KV + (rn.to(gl.int64) * (D_N + D_R))[:, None] + cn[None, :])
-    cr = gl.arange(0, D_R, layout=gl.SliceLayout(0, LR))
-    _cp_async(kr_smem, KV + D_N + (rr.to(gl.int64) * (D_N + D_R))[:, None] + cr[None, :])
+    L: gl.constexpr = _row_copy_layout(kn_smem.dtype.primitive_bitwidth, gl.num_warps())
+    base = KV + (rows.to(gl.int64) * (D_N + D_R))[:, None]
+    _cp_async(kn_smem, base + gl.arange(0, D_N, layout=gl.SliceLayout(0, L))[None, :])
+    _cp_async(kr_smem, base + D_N + gl.arange(0, D_R, layout=gl.SliceLayout(0, L))[None, :])
     async_copy.mbarrier_arrive(bar, increment_count=False)
 
 
 @gluon.jit
 def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, NUM_STAGES: gl.constexpr, ROWS, KV,
-                   TOKENS: gl.constexpr, PRELOADED: gl.constexpr = False, rn=0, rr=0):  # fmt: skip
+                   TOKENS: gl.constexpr, PRELOADED: gl.constexpr = False, rows=0):  # fmt: skip
     """TMA the CTA's tile number `it` (KV row `row` onwards), if it exists, into ring stage ``it % NUM_STAGES``.
 
     Pages of fewer tokens than a tile (the descriptors' box is one page, P < 64 rows): the tile is 64 / P pages, one
     box each into its rows of the stage; their KV rows are ``ROWS[it · 64 / P ...]`` (`row` is unused). `TOKENS`
     (page size 1, any token table): the tile's 64 rows ``ROWS[it · 64 ...]`` of `KV` by cp.async
-    (`_copy_token_rows`), called by every thread; with `PRELOADED` their row numbers are `rn`, `rr` (`_token_rows`,
+    (`_copy_token_rows`), called by every thread; with `PRELOADED` their row numbers are `rows` (`_token_rows`,
     loaded earlier)."""
     if it < n_tiles:
         s = it % NUM_STAGES
@@ -160,10 +149,10 @@ def _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row, it, n_tiles, 
         SUB: gl.constexpr = kn_smem.shape[1] // P
         if TOKENS:
             if PRELOADED:
-                _copy_token_rows(KV, kn_smem.index(s), kr_smem.index(s), bar, rn, rr)
+                _copy_token_rows(KV, kn_smem.index(s), kr_smem.index(s), bar, rows)
             else:
-                ln, lr = _token_rows(ROWS + it * kn_smem.shape[1], kn_smem.index(s), kr_smem.index(s), it < n_tiles)
-                _copy_token_rows(KV, kn_smem.index(s), kr_smem.index(s), bar, ln, lr)
+                own = _token_rows(ROWS + it * kn_smem.shape[1], kn_smem.index(s), it < n_tiles)
+                _copy_token_rows(KV, kn_smem.index(s), kr_smem.index(s), bar, own)
         elif SUB == 1:
             mbarrier.expect(bar, kn_desc.block_type.nbytes + kr_desc.block_type.nbytes)
             _tma_load(kn_desc, [row, 0], bar, kn_smem.index(s))
@@ -385,17 +374,15 @@ def _stage1_kernel(
                 row_rf = gl.load(TILE_ROWS + t_begin + it - 1 + NUM_STAGES,
                                  mask=(it > 0) & (it - 1 + NUM_STAGES < n_tiles), other=0)  # fmt: skip
             # token tables: the row numbers of this tile's refill, loaded before the wait hides their latency
-            tok_n = 0
-            tok_r = 0
+            tok = 0
             if TOKENS:
                 k0 = kn_smem.index(0)
-                r0 = kr_smem.index(0)
                 if V_FROM_K and not KV_CONVERT:  # (the bf16 path refills one tile late)
                     rf = it - 1 + NUM_STAGES
-                    tok_n, tok_r = _token_rows(sub_rows + rf * BLOCK_N, k0, r0, (it > 0) & (rf < n_tiles))
+                    tok = _token_rows(sub_rows + rf * BLOCK_N, k0, (it > 0) & (rf < n_tiles))
                 else:
                     rf = it + NUM_STAGES
-                    tok_n, tok_r = _token_rows(sub_rows + rf * BLOCK_N, k0, r0, rf < n_tiles)
+                    tok = _token_rows(sub_rows + rf * BLOCK_N, k0, rf < n_tiles)
             s = it % NUM_STAGES
             mbarrier.wait(ready.index(s), (it // NUM_STAGES) & 1)
             if TIMELINE:  # noqa: SIM102 (a constexpr test: compiled out when False)
@@ -429,7 +416,7 @@ def _stage1_kernel(
                 fence_async_shared()  # generic-proxy writes before the wgmma's async reads
                 _cta_barrier()  # every warp's part converted, and every warp done reading stage s: refill it now
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles,
-                               NUM_STAGES, sub_rows, KV, TOKENS, True, tok_n, tok_r)  # fmt: skip
+                               NUM_STAGES, sub_rows, KV, TOKENS, True, tok)  # fmt: skip
                 if KV_FP4:  # the next tile's block scales, in flight while this tile's QK and softmax run
                     sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row_sc, it + 1 < n_tiles, KV_ROWS, KV_FP4, BLOCK_N)
                 kn = kb
@@ -469,7 +456,7 @@ def _stage1_kernel(
                 if it > 0:  # every warp past its wait: PV(it-1) no longer reads tile it-1's stage, refill it
                     _cta_barrier()
                     _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_rf, it - 1 + NUM_STAGES, n_tiles,
-                                   NUM_STAGES, sub_rows, KV, TOKENS, True, tok_n, tok_r)  # fmt: skip
+                                   NUM_STAGES, sub_rows, KV, TOKENS, True, tok)  # fmt: skip
                 if MASK_TAIL:  # noqa: SIM102
                     if kv_end - start < BLOCK_N:  # a work's last tile of a paged cache: zero its tail (NaN-safe PV)
                         _zero_tail_rows(kn, kv_end - start, BLOCK_N, D_NOPE)
@@ -513,7 +500,7 @@ def _stage1_kernel(
                     _stamp(tl_row, 8 + 2 * TIMELINE_MAX + it)
             if V_IN_REGS and not KV_CONVERT:  # PV(it) reads registers and Pᵀ, not this stage: refill it now
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles,
-                               NUM_STAGES, sub_rows, KV, TOKENS, True, tok_n, tok_r)  # fmt: skip
+                               NUM_STAGES, sub_rows, KV, TOKENS, True, tok)  # fmt: skip
             if KV_FP4:  # (staged, not carried in registers: carried across the loops, Triton 3.6's build spilled)
                 scn_smem.store(sc_nope)
                 scr_smem.store(sc_rope)
