@@ -114,14 +114,14 @@ MUTANTS: dict[str, tuple[str, str, str, str, tuple[str, ...], tuple | None]] = {
         "mlalab/kernels/sm90/fp4tiles.py",
         "[:, None] + E4M3_WINDOW  # j + 5",
         "[:, None] + E4M3_WINDOW - 1  # j + 5",
-        "e4m3 route: every residual one binade low (block words off by one)",
+        "e4m3 route: every residual one binade low (block tables off by one)",
         FP4_TESTS, ("stage1", ("v-fp4-e4m3",)),
     ),
     "e4m3-table-entry": (
         "mlalab/kernels/sm90/fp4tiles.py",
-        "prmt.b32 t, 0x14100800, 0x24201C18, m;",
-        "prmt.b32 t, 0x14100800, 0x24201C1C, m;",
-        "e4m3 route: E2M1 magnitude 4 (code 6) converted as 6 in values 0-3 of each block word",
+        "_LUT_HI = gl.constexpr(0x24201C18)",
+        "_LUT_HI = gl.constexpr(0x24201C1C)",
+        "e4m3 route: E2M1 magnitude 4 (code 6) converted as 6 (the block tables' base)",
         FP4_TESTS, ("stage1", ("v-fp4-e4m3",)),
     ),
 }  # fmt: skip

@@ -308,23 +308,33 @@ def _e4m3_byte(x: float) -> int:
 
 def test_e4m3_route_asm_converts_every_byte_exactly() -> None:
     """The e4m3 route's PTX (`fp4tiles._E2M1_TO_E4M3X4`), executed instruction by instruction on the CPU: for every
-    code byte in every position of a 4-byte word and every block word (j = -5 .. 6, and flushed), the two output words
-    hold the e4m3 codes of the 8 E2M1 values times 2^j (torch's e4m3fn of the exact value), both signs of zero
-    included; a flushed block gives ±0 with the codes' signs. The table constant is the e4m3 of E2M1 × 2^-5."""
+    code byte in every position of a 4-byte word and every block table (j = -5 .. 6, built here from torch's e4m3fn
+    of E2M1 × 2^j, and a flushed block's zeros), the two output words hold the e4m3 codes of the 8 E2M1 values times
+    2^j, both signs of zero included; a flushed block gives ±0 with the codes' signs. The kernel's tables
+    (`fp4tiles._block_tables`: the codes at j = -5 plus (j + 5) << 3 in every nonzero entry) are those tables."""
     pytest.importorskip("triton.experimental.gluon")
     from oracles import _E2M1
 
     from mlalab.kernels.sm90 import fp4tiles as F
 
     assert list(F.E2M1_E4M3_LUT.value) == [_e4m3_byte(v * 2.0**-5) for v in _E2M1]
+    lut = list(F.E2M1_E4M3_LUT.value)
+    assert F._LUT_LO.value == sum(b << (8 * i) for i, b in enumerate(lut[:4]))
+    assert F._LUT_HI.value == sum(b << (8 * i) for i, b in enumerate(lut[4:]))
     e2m1 = list(_E2M1) + [-v if v else -0.0 for v in _E2M1]
-    flushed = 0x80808080
     for j in [*range(-5, 7), None]:
-        word = flushed if j is None else ((j + 5) << 3) * 0x01010101
+        if j is None:  # flushed
+            t_lo = t_hi = 0
+        else:
+            table = [_e4m3_byte(v * 2.0**j) for v in _E2M1]
+            t_lo = sum(b << (8 * i) for i, b in enumerate(table[:4]))
+            t_hi = sum(b << (8 * i) for i, b in enumerate(table[4:]))
+            add = ((j + 5) << 3) * 0x01010101  # the kernel's formula
+            assert (F._LUT_LO.value + (add & 0x7FFFFF00), F._LUT_HI.value + add) == (t_lo, t_hi), j
         for b in range(256):
             for k in range(4):
                 codes = (b << (8 * k)) | (((b * 37 + 11) & 0xFF) << (8 * ((k + 1) % 4)))
-                out = _run_asm(F._E2M1_TO_E4M3X4.value, {2: codes, 3: word})
+                out = _run_asm(F._E2M1_TO_E4M3X4.value, {2: codes, 3: t_lo, 7: t_hi})
                 got = ((out[0] | (out[1] << 32)) >> (16 * k)) & 0xFFFF  # values 2k, 2k + 1: bytes 2k, 2k + 1
                 lo, hi = e2m1[b & 15], e2m1[b >> 4]
                 if j is None:  # flushed: ±0

@@ -30,8 +30,9 @@ conversion of the a16w8 path: exact), so both products run on bf16 operands and 
 **The e4m3 route** (``v-fp4-e4m3``: fp8 q with MXFP4 KV, ``E4M3=True``) keeps both products on fp8 wgmma, as a8w8:
 each token's values are ``2^F`` times e4m3 codes (`mlalab.kernels.fp4.e4m3_residuals` is its CPU model, bit for
 bit). F comes from the token's largest E8M0 byte E (`_token_exponents`: ``F = max(E, 33) - 133``); a block of scale
-byte s holds E2M1 × 2^j, j = s - max(E, 33) + 6, which for j >= -5 is an e4m3 code by a table lookup plus j in the
-exponent field (`_E2M1_TO_E4M3X4`; blocks below are flushed to ±0, `mlalab.kernels.fp4.E4M3_WINDOW`). The tile of
+byte s holds E2M1 × 2^j, j = s - max(E, 33) + 6, which for j >= -5 is an e4m3 code: each block gets its own 8-entry
+table of codes (`_block_tables`: the codes at j = -5 plus j + 5 in the exponent field; zeros for a flushed block,
+`mlalab.kernels.fp4.E4M3_WINDOW`) from which each code nibble selects its byte (`_E2M1_TO_E4M3X4`). The tile of
 e4m3 codes (64 × 576 bytes) is what the QK and the V-in-registers PV read. The factor 2^F runs along the tokens,
 which is the M dim of the scores and the K dim of the PV, so it enters the softmax instead: the score column of
 token t is multiplied by 2^F_t and F_t is added to its base-2 logit, so ``P̂ = 2^(s + F - m̂)`` (rounded to e4m3 as
@@ -100,37 +101,29 @@ mul.rn.bf16x2 $3, m, $5;
 }""")
 
 #: The e4m3 route's conversion: 4 bytes of packed E2M1 codes ($2, as in `_E2M1_TO_BF16X2`) of one MXFP4 block with
-#: its block word ($3: the byte ``(j + 5) << 3`` in all four bytes, or 0x80808080 for a flushed block) -> 8 e4m3 codes
-#: ($0 = values 0-3, $1 = values 4-7, value 2k + 1 in the byte after value 2k). A flushed block's magnitudes are
-#: masked to 0 (LOP3 0x20 = a & ~b & c, with the block word's sign bits replicated by ``prmt``); each magnitude
-#: nibble selects its e4m3 code at j = -5 from an 8-entry byte table (`E2M1_E4M3_LUT`, one ``prmt`` per 4 values); the
-#: nonzero bytes get j + 5 added to their exponent field (the table's bytes are <= 0x24 and j + 5 <= 11: no byte
-#: carries into the next, and 0x7F + a byte sets its bit 7 iff it is nonzero, which ``prmt`` replicates into a byte
-#: mask); the sign bits are OR-ed in as on the bf16 route. 18 instructions per 8 codes.
+#: the block's own table of the 8 e4m3 codes of E2M1 magnitude × 2^j ($3 = entries 0-3, $7 = entries 4-7, one byte
+#: each; all 0 for a flushed block: `_block_tables`) -> 8 e4m3 codes ($0 = values 0-3, $1 = values 4-7, value 2k + 1
+#: in the byte after value 2k): each magnitude nibble selects its code from the table (one ``prmt`` per 4 values), the
+#: sign bits are OR-ed in as on the bf16 route. 9 instructions per 8 codes ($4-$6, $8-$10: the same tables again,
+#: one per packed code byte).
 _E2M1_TO_E4M3X4 = gl.constexpr("""{
-.reg .b32 rep, m, s1, w4, t, x, nz, g;
-prmt.b32 rep, $3, 0, 0xBA98;
-lop3.b32 m, $2, rep, 0x77777777, 0x20;
+.reg .b32 m, s1, w4, t, g;
+and.b32 m, $2, 0x77777777;
 shr.b32 s1, m, 16;
 shl.b32 w4, $2, 4;
-prmt.b32 t, 0x14100800, 0x24201C18, m;
-add.u32 x, t, 0x7F7F7F7F;
-prmt.b32 nz, x, 0, 0xBA98;
-and.b32 nz, nz, $3;
-add.u32 t, t, nz;
+prmt.b32 t, $3, $7, m;
 prmt.b32 g, w4, $2, 0xD9C8;
 lop3.b32 $0, t, g, 0x80808080, 0xF8;
-prmt.b32 t, 0x14100800, 0x24201C18, s1;
-add.u32 x, t, 0x7F7F7F7F;
-prmt.b32 nz, x, 0, 0xBA98;
-and.b32 nz, nz, $3;
-add.u32 t, t, nz;
+prmt.b32 t, $3, $7, s1;
 prmt.b32 g, w4, $2, 0xFBEA;
 lop3.b32 $1, t, g, 0x80808080, 0xF8;
 }""")
 
-#: The e4m3 codes of the 8 E2M1 magnitudes times 2^-5 (`_E2M1_TO_E4M3X4`'s table, index = the code's low 3 bits).
+#: The e4m3 codes of the 8 E2M1 magnitudes times 2^-5 (`_block_tables`' base, index = the code's low 3 bits), and the
+#: table as the two words ``prmt`` selects from.
 E2M1_E4M3_LUT = gl.constexpr((0x00, 0x08, 0x10, 0x14, 0x18, 0x1C, 0x20, 0x24))
+_LUT_LO = gl.constexpr(0x14100800)
+_LUT_HI = gl.constexpr(0x24201C18)
 #: The e4m3 route's constants (`mlalab.kernels.fp4`): the residual binade of a token's largest block, the blocks kept
 #: below it, the floor of a token's E8M0 exponent.
 E4M3_SHIFT = gl.constexpr(_fp4.E4M3_SHIFT)
@@ -263,12 +256,17 @@ def _scale_words(s, KV_FP4: gl.constexpr):
 
 
 @gluon.jit
-def _block_words(s, e_max, BLOCK_N: gl.constexpr):
-    """The e4m3 route's block words (`_E2M1_TO_E4M3X4`'s $3) of E8M0 block scale bytes `s` (64 tokens, blocks), int32,
-    given each token's floored largest scale byte `e_max` (64,): ``(j + 5) << 3`` in every byte, j = s - e_max + 6,
-    or 0x80808080 where j < -5 (flushed)."""
+def _block_tables(s, e_max, keep):
+    """The e4m3 route's per-block tables (`_E2M1_TO_E4M3X4`'s $3, $7) of E8M0 block scale bytes `s` (64 tokens,
+    blocks), int32, given each token's floored largest scale byte `e_max` (64,): `E2M1_E4M3_LUT` (the codes at j = -5)
+    with j + 5 added to the exponent field of its nonzero entries, j = s - e_max + 6 (no byte carries: the entries are
+    <= 0x24 and (j + 5) << 3 <= 0x58), or all 0 where j < -5 (flushed) or not `keep` (a masked tail token)."""
     k = s - gl.convert_layout(e_max, gl.SliceLayout(1, s.type.layout))[:, None] + E4M3_WINDOW  # j + 5
-    return gl.where(k >= 0, (k << 3) * 0x01010101, gl.full_like(k, -2139062144))  # (-2139062144 = 0x80808080)
+    add = (k << 3) * 0x01010101
+    kept = (k >= 0) & keep
+    lo = gl.where(kept, _LUT_LO + (add & 0x7FFFFF00), 0)  # (entry 0, the code of ±0, stays 0)
+    hi = gl.where(kept, _LUT_HI + add, 0)
+    return lo, hi
 
 
 @gluon.jit
@@ -286,12 +284,14 @@ def _convert_chunk(src, dst, scales, e_max, n_valid, MASK_TAIL: gl.constexpr, KV
         gl.static_print("mlalab hopper: fp4 code load bank conflicts =", gl.bank_conflicts(raw.type, src.type))
     codes = gl.convert_layout(raw.reshape([BLOCK_N, 32 // G, G]), B3)
     if E4M3:
-        w = _block_words(_block_scales(scales, KV_FP4, BLOCK_N), e_max, BLOCK_N)
-        if MASK_TAIL:  # (tail tokens flushed like a block out of range: ±0, whatever their codes and scales)
-            rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w.type.layout))
-            w = gl.where((rows < n_valid)[:, None], w, gl.full_like(w, -2139062144))
-        words = gl.inline_asm_elementwise(_E2M1_TO_E4M3X4, "=r,=r,r,r,r,r,r", [codes, gl.expand_dims(w, 2)],
-                                          dtype=gl.int16, is_pure=True, pack=4)  # fmt: skip
+        s = _block_scales(scales, KV_FP4, BLOCK_N)
+        rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s.type.layout))
+        # (tail tokens flushed like a block out of range: ±0, whatever their codes and scales)
+        keep = (rows < n_valid)[:, None] if MASK_TAIL else (rows >= 0)[:, None]
+        lo, hi = _block_tables(s, e_max, keep)
+        words = gl.inline_asm_elementwise(_E2M1_TO_E4M3X4, "=r,=r,r,r,r,r,r,r,r,r,r",
+                                          [codes, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2)], dtype=gl.int16,
+                                          is_pure=True, pack=4)  # fmt: skip
     else:
         s = gl.expand_dims(_scale_words(_block_scales(scales, KV_FP4, BLOCK_N), KV_FP4), 2)
         words = gl.inline_asm_elementwise(_E2M1_TO_BF16X2, "=r,=r,=r,=r,r,r,r,r,r", [codes, s], dtype=gl.int32,
