@@ -130,6 +130,29 @@ def test_e2m1_nan_raises() -> None:
         e2m1_encode(torch.tensor([1.0, math.nan]))
 
 
+@pytest.mark.parametrize("rounding", ["ties-even", "ties-away"])
+def test_e2m1_codec_in_chunks_equals_one_pass(monkeypatch: pytest.MonkeyPatch, rounding: str) -> None:
+    """A large cache is encoded and decoded CODEC_CHUNK values at a time (bounded temporaries): the codes and values
+    equal those of one pass, whatever the chunk boundaries cut (ties and negative zeros included), and a NaN in a
+    later chunk still raises."""
+    import mlalab.quant.formats as fm
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(897, generator=g) * 3, torch.tensor([0.25, 0.75, 2.5, 5.0, -0.25, -0.0, 7.0])])
+    x = x[torch.randperm(x.numel(), generator=g)].reshape(8, 113)
+    whole = fm.e2m1_encode(x, rounding)
+    values = fm.e2m1_decode(whole)
+    ref = torch.from_numpy(x.numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0x0F)
+    if rounding == "ties-even":
+        assert torch.equal(whole, ref)  # the one-pass result is itself right
+    monkeypatch.setattr(fm, "CODEC_CHUNK", 7)
+    assert torch.equal(fm.e2m1_encode(x, rounding), whole)
+    assert torch.equal(fm.e2m1_decode(whole), values)
+    x[7, 100] = math.nan  # (value 891: the 128th chunk of 7)
+    with pytest.raises(ValueError, match="NaN"):
+        fm.e2m1_encode(x, rounding)
+
+
 def test_pack_low_nibble_is_even_index() -> None:
     codes = torch.tensor([[1, 2, 3, 15]], dtype=torch.uint8)
     packed = pack_e2m1(codes)
