@@ -22,7 +22,8 @@ def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> Non
         g = experiment_geomeans(df).set_index("variant")
         # the reference: FlashMLA, else FlashInfer, else our portable kernel (a16w8 files without a peer), else the
         # first variant (an A/B of our variants alone)
-        timed = [c for c in raw.columns if c not in ("B", "L", "floor", "precision", *PROVENANCE_COLUMNS)]
+        keys = ("B", "L", "q_len", "layout")  # the shape and the case keys of speculative decode / layout files
+        timed = [c for c in raw.columns if c not in (*keys, "floor", "precision", *PROVENANCE_COLUMNS)]
         ref = next((c for c in ("flashmla", "flashinfer", "portable") if c in raw.columns), timed[0])
         assert reference_column(df) == ref
         for col in timed:
@@ -38,6 +39,12 @@ def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> Non
         a8w8_vs_flashmla = peer_name(df) == "FlashMLA fp8"
         assert bool(fig.layout.shapes) == a8w8_vs_flashmla  # #5's goal: an a8w8 goal against FlashMLA fp8
         assert not a8w8_vs_flashmla or fig.layout.shapes[0].y0 == 0.65
+        cases = {tuple(r) for r in raw[[k for k in keys if k in raw.columns]].itertuples(index=False)}
+        assert len(bars[0].x) == len(raw) and len(set(bars[0].x)) == len(cases)  # q_len and layout label cases apart
+    mtp = load_experiment("h200_2026-12-06_mtp_two_rows_a_cta.csv")
+    assert "B128·L8192·q4" in set(experiment_figure(mtp).data[0].x)
+    fp4 = load_experiment("h200_2026-12-06_e4m3_route_tables.csv")
+    assert peer_name(fp4) == "route_783c96b (baseline) a8w4-mxfp4"
     a16 = load_experiment("h200_2026-12-03_a16w8_v_conv.csv")
     assert peer_name(a16) == "FlashInfer a16w8"
     assert peer_name(load_experiment("h200_2026-12-03_a16w8_v_conv_fast.csv")) == "our portable kernel a16w8"
@@ -74,7 +81,7 @@ def test_a_bf16_file_names_flashmla_bf16_and_draws_no_a8w8_goal(tmp_path: Path) 
     assert experiment_figure(load_experiment(str(p))).layout.shapes[0].y0 == 0.65
     for bad in (["bf16"] * (len(df) - 1) + ["a8w8"], ["fp4"] * len(df)):
         df.assign(precision=bad).to_csv(p, index=False)
-        with pytest.raises(ValueError, match="column precision must hold one of a8w8, bf16"):
+        with pytest.raises(ValueError, match="column precision must hold one of a8w8, a16w8, bf16"):
             load_experiment(str(p))
 
 

@@ -153,7 +153,7 @@ def sqnr_heatmap(
         yaxis_type="category",
         yaxis_autorange="reversed",
         height=140 + 32 * len(piv.index),
-        margin={"t": 50},
+        margin={"t": 72 if title is not None and "<br>" in title else 50},  # (a two-line title)
         **_TOP,
     )
     return fig

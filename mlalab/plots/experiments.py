@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..records.ab import check_experiment, experiment_geomeans, peer_name, reference_column, variants
+from ..records.ab import case_labels, check_experiment, experiment_geomeans, peer_name, reference_column, variants
 from ..records.schema import DATA_ROOT
 from .palette import color_for, place_title
 from .timeline import check_goal, finish_ratio_figure
@@ -30,8 +30,8 @@ def experiment_figure(df: pd.DataFrame, goal: float = 0.65, *, title: str | None
     check_experiment(df)
     check_goal(goal)
     peer = peer_name(df)
-    d = df.sort_values(["L", "B"])
-    shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
+    d = df.sort_values([k for k in ("layout", "q_len", "L", "B") if k in df.columns])
+    shapes = case_labels(d)
     geo = experiment_geomeans(d).set_index("variant")
     ref = reference_column(d)
     fig = go.Figure()

@@ -4,8 +4,10 @@ H200 (`experiments/ab.py` writes them; older files come from the scripts of tag 
 A file has per competition shape (``B``, ``L``) a reference's µs — FlashMLA's (``flashmla``), else FlashInfer's
 (``flashinfer``), else our portable kernel's (``portable``), else the file's first variant, its baseline
 (`reference_column`) —, one column of µs per variant (what each one changed: docs/journal.md), and ``floor`` = the
-shape's bytes over the copy bandwidth measured in that run. A file may carry ``precision`` (``a8w8``, the default,
-``bf16`` or ``a16w8``: the peers then timed that precision). A variant that failed at a shape has an empty cell.
+shape's bytes over the copy bandwidth measured in that run. A file may carry ``precision`` (``a8w8``, the default, or
+another `mlalab.quant.precision` name: the peers then timed that precision), and the case keys ``q_len`` and
+``layout`` beside the shape (a file of speculative decode or of decode layouts). A variant that failed at a shape has an
+empty cell.
 Because every column of a file comes from the same process, minutes apart, ratios *within* a file are what to
 compare; the same variant in two files can differ by the run-to-run spread (up to 10-15 % on the longest shapes).
 """
@@ -20,15 +22,18 @@ import numpy as np
 import pandas as pd
 
 from ..io import natural_key
+from ..quant.precision import PRECISIONS
 from .schema import DATA_ROOT, PROVENANCE_COLUMNS
 
 __all__ = ["AB_DIR", "list_experiments", "load_experiment", "experiment_geomeans", "peer_name", "reference_column",
-           "variants", "check_experiment"]  # fmt: skip
+           "variants", "check_experiment", "case_labels", "CASE_KEYS"]  # fmt: skip
 
 AB_DIR = os.path.join(DATA_ROOT, "ab")
 
 #: the columns every experiment file has besides its variants and its reference
 _FIXED = ("B", "L")
+#: case keys a file may have beside the shape (each row a shape x q_len x layout)
+CASE_KEYS = ("q_len", "layout")
 
 #: the reference columns an experiment file may have, the first one present being the file's reference
 _REFERENCES = ("flashmla", "flashinfer", "portable")
@@ -37,11 +42,13 @@ _REFERENCES = ("flashmla", "flashinfer", "portable")
 #: means (column ``precision``; absent = a8w8)
 _REFERENCE_NAMES = {"flashmla": "FlashMLA", "flashinfer": "FlashInfer", "portable": "our portable kernel"}
 _FLAVOURS = {"a8w8": "fp8", "bf16": "bf16", "a16w8": "a16w8"}
+_PRECISIONS = tuple(p.value for p in PRECISIONS)
 
 
 def _timed_columns(df: pd.DataFrame) -> list[str]:
     """Every column of µs: all but the shape, the floor, the file name, the precision and the provenance columns."""
-    return [c for c in df.columns if c not in (*_FIXED, "floor", "run", "precision", *PROVENANCE_COLUMNS)]
+    skip = (*_FIXED, *CASE_KEYS, "floor", "run", "precision", *PROVENANCE_COLUMNS)
+    return [c for c in df.columns if c not in skip]
 
 
 def reference_column(df: pd.DataFrame) -> str:
@@ -61,7 +68,8 @@ def peer_name(df: pd.DataFrame) -> str:
     """What the file's reference column timed, e.g. FlashMLA fp8 (a8w8 files), FlashMLA bf16, FlashInfer a16w8, our
     portable kernel a16w8, or a baseline variant (``v-conv (baseline) a16w8``)."""
     ref = reference_column(df)
-    return f"{_REFERENCE_NAMES.get(ref, ref + ' (baseline)')} {_FLAVOURS[_precision(df)]}"
+    prec = _precision(df)
+    return f"{_REFERENCE_NAMES.get(ref, ref + ' (baseline)')} {_FLAVOURS.get(prec, prec)}"
 
 
 def _precision(df: pd.DataFrame) -> str:
@@ -95,8 +103,8 @@ def load_experiment(name: str, directory: str = AB_DIR) -> pd.DataFrame:
         raise ValueError(f"{path}: {e}") from None
     if not variants(df):
         raise ValueError(f"{path} has no variant column besides {', '.join(_FIXED)} and floor")
-    if "precision" in df.columns and (df["precision"].nunique() != 1 or df["precision"].iloc[0] not in _FLAVOURS):
-        raise ValueError(f"{path}: column precision must hold one of {', '.join(_FLAVOURS)} in every row")
+    if "precision" in df.columns and (df["precision"].nunique() != 1 or df["precision"].iloc[0] not in _PRECISIONS):
+        raise ValueError(f"{path}: column precision must hold one of {', '.join(_PRECISIONS)} in every row")
     times = df[[reference_column(df), *variants(df)]].to_numpy(dtype=np.float64)
     finite_positive = np.isfinite(times) & (times > 0)
     if df.empty or not (np.isnan(times) | finite_positive).all() or not finite_positive[:, 0].all():
@@ -123,6 +131,14 @@ def experiment_geomeans(df: pd.DataFrame) -> pd.DataFrame:
         peer = float(np.exp(np.log(df.loc[ok, ref]).mean())) if n else math.nan
         rows.append({"variant": col, "geomean_us": geo, "vs_reference": geo / peer, "shapes": n})
     return pd.DataFrame(rows)
+
+
+def case_labels(df: pd.DataFrame) -> list[str]:
+    """One label per row: its shape (``B4·L1024``) and, where the file has them, its q_len and layout
+    (``B4·L1024·q2·tokens``)."""
+    keys = [k for k in CASE_KEYS if k in df.columns]
+    return ["·".join([f"B{r['B']}", f"L{r['L']}", *(f"q{r[k]}" if k == "q_len" else str(r[k]) for k in keys)])
+            for _, r in df.iterrows()]  # fmt: skip
 
 
 def check_experiment(df: object) -> None:

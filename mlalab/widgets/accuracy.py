@@ -430,8 +430,9 @@ class StudyPanel:
             fixed = ", ".join(f"{c} {w.value}" for c, w in self.filters.items() if w.value != ALL) or "every row"
             avg = [c for c in STUDY_DIMENSIONS if c in sel and c not in (self.rows.value, self.columns.value)]
             avg = [c for c in avg if sel[c].nunique() > 1]
-            title = f"{self.value.value}: {self.rows.value} × {self.columns.value} ({fixed}"
-            title += f"; mean over {', '.join(avg)})" if avg else ")"
+            # the filters and the averaged dimensions on a second, smaller line: a long one stays clear of the toolbar
+            title = f"{self.value.value}: {self.rows.value} × {self.columns.value}<br><sup>{fixed}"
+            title += f"; mean over {', '.join(avg)}</sup>" if avg else "</sup>"
             _replace(
                 self.heatmap,
                 sqnr_heatmap(sel, self.value.value, rows=self.rows.value, columns=self.columns.value, title=title),
