@@ -89,8 +89,10 @@ def sample(
 ) -> torch.Tensor:
     """Draw a tensor of `shape` from a named distribution on the CPU generator.
 
-    The competition draws ``torch.randn(shape, dtype=bf16) * 0.02``: sampling happens in bf16 and the
-    product is rounded to bf16 again. We reproduce that order of operations exactly.
+    The competition draws ``torch.randn(shape, dtype=bf16) * 0.02``: a bf16 normal sample times the scale, rounded
+    to bf16 again. Here the normal sample is drawn in fp32 and rounded to bf16 (what torch >= 2.13 does for a bf16
+    ``randn`` on the CPU; torch 2.11 drew other bf16 values from the same seed), so a seed gives the same tensors
+    under every torch version.
     Outlier channels are the same channels (picked by the generator) for every token, as activation
     outliers in real models are channel-wise.
     """
@@ -101,7 +103,7 @@ def sample(
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if d in (InputDist.COMPETITION, InputDist.UNIT):
-        return torch.randn(shape, dtype=dtype, generator=generator) * std
+        return torch.randn(shape, dtype=torch.float32, generator=generator).to(dtype) * std
     if d is InputDist.OUTLIERS:
         x = torch.randn(shape, dtype=torch.float32, generator=generator) * std
         if outlier_channels > 0:
