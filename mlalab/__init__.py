@@ -11,7 +11,7 @@ from .config import GPU_TARGETS, MLA, DecodeCase, GpuTarget, InputDist, MLAConfi
 from .inputs import DecodeInputs, make_inputs, ragged_kv_lens, uniform_kv_lens
 from .reference import decode_inputs_reference, decode_reference
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "__version__",
