@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run on the H200 device machine from the repo root: install the carried peer wheels, run the GPU tests, then the
 # benchmark suite. Results land under $OUT (pytest.log, bench.log, timings CSV). Usage: bash scripts/gpu_run.sh [configs-json]
-# Knobs (env): TESTS, TEST_K, TEST_TIMEOUT, SUITE, PLANNERS, BACKENDS, PRECISIONS, BENCH_TIMEOUT. Test modules that
-# import packages the GPU machine lacks (ipywidgets, nbformat: the widget and notebook tests, none of them GPU tests)
-# fail to collect there and are skipped; every GPU test runs. The whole GPU suite takes ~8 min on an H100
+# Knobs (env): TESTS, TEST_K, TEST_TIMEOUT, TEST_WORKERS, SUITE, PLANNERS, BACKENDS, PRECISIONS, BENCH_TIMEOUT.
+# Test modules that import packages the GPU machine lacks (ipywidgets, nbformat: the widget and notebook tests, none of
+# them GPU tests) fail to collect there and are skipped; every GPU test runs. The whole GPU suite takes ~8 min on an H100
 # (TESTS=tests TEST_TIMEOUT=560). The device returns at most 8 files from $OUT per call (2026-12-06: a ninth, tenth and
 # eleventh were left out): write long results (a study table) elsewhere and copy one file, or tar them.
 set -o pipefail
@@ -19,7 +19,11 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export FLASHINFER_CUDA_ARCH_LIST="9.0a" FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests/test_sm90_kernel.py tests/test_triton_kernels.py tests/test_timeline.py tests/test_timing_views.py tests/test_reference.py} 2>&1 | tee "$OUT/pytest.log"
+# TEST_WORKERS=N runs the tests in N processes (pytest-xdist, in the device image): a cold GPU run is mostly kernel
+# compilation, which then runs on N cores (the tests time nothing, so sharing the GPU changes no result)
+XDIST=""
+if [ -n "${TEST_WORKERS:-}" ] && python3 -c "import xdist" 2>/dev/null; then XDIST="-n $TEST_WORKERS"; fi
+timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors $XDIST ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests/test_sm90_kernel.py tests/test_triton_kernels.py tests/test_timeline.py tests/test_timing_views.py tests/test_reference.py} 2>&1 | tee "$OUT/pytest.log"
 CONFIGS=${1:-'[{}]'}
 timeout ${BENCH_TIMEOUT:-380} python3 -m mlalab bench --suite "${SUITE:-competition}" --triton-configs "$CONFIGS" \
   --planners "${PLANNERS:-simple}" --backends "${BACKENDS:-triton,flashmla,flashinfer,reference-torch}" \
