@@ -19,6 +19,10 @@ the process, the GPU and the inputs (the same seeded generator).
     python experiments/ab.py --precision a16w8 --peers flashinfer --variants auto,portable
     python experiments/ab.py --precision a8w4-mxfp4 --peers none --variants auto,p-bf16   # e4m3 vs bf16 fp4 route
     python experiments/ab.py --precision a8w4-mxfp4 --peers none --variants auto,auto@264 # 2 CTAs an SM
+    python experiments/ab.py --q-len 4 --before .n32 --variants auto,before:auto         # speculative decode
+
+``--q-len`` (default 1) times speculative decode: q_len query rows a request, every one seeing the whole KV (FlashMLA
+with s_q = q_len); the table then has a ``q_len`` column.
 """
 
 from __future__ import annotations
@@ -76,19 +80,19 @@ def _before_module(name: str) -> Any:
         ) from None
 
 
-def _callable(name: str, B: int, L: int, precision: str, n: int, sms: int) -> Any:
-    """``call(i)`` of variant `name` at B x L (its own inputs: the same seeded generator in either code)."""
+def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, sms: int) -> Any:
+    """``call(i)`` of variant `name` at B x L x q_len (its own inputs: the same seeded generator in either code)."""
     before, slots, opts = variant(name, sms)
     if not before:
-        x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
+        x = make_inputs(DecodeCase.uniform(B, L, q_len=q_len)).to("cuda")
         return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
     old_inputs, old_config, old_triton = (_before_module(m) for m in ("inputs", "config", "backends.triton"))
-    x = old_inputs.make_inputs(old_config.DecodeCase.uniform(B, L)).to("cuda")
+    x = old_inputs.make_inputs(old_config.DecodeCase.uniform(B, L, q_len=q_len)).to("cuda")
     old = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
     return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **old)[0]
 
 
-def check(name: str, sms: int, precision: str) -> bool:
+def check(name: str, sms: int, precision: str, q_len: int = 1) -> bool:
     before, slots, opts = variant(name, sms)
     if before:  # (the old code is checked by its own tests at its commit; here it is only timed)
         return True
@@ -97,7 +101,7 @@ def check(name: str, sms: int, precision: str) -> bool:
     cases = [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40,
              (8192,) * 4, (100,) * 150]  # fmt: skip
     for lens in cases:
-        x = make_inputs(DecodeCase(kv_lens=tuple(lens), seed=4)).to("cuda")
+        x = make_inputs(DecodeCase(kv_lens=tuple(lens), q_len=q_len, seed=4)).to("cuda")
         p = prepare(x, precision)
         ref, ref_lse = naive_decode(p)
         live = ref.norm(dim=-1) > 0
@@ -133,10 +137,13 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="e.g. 4x1024,128x8192 (default: the 12 competition shapes)")
     ap.add_argument("--precision", default="a8w8", choices=[p.value for p in PRECISIONS])
     ap.add_argument("--before", default=None, help="a folder holding another commit's package as mlalab_before")
+    ap.add_argument("--q-len", type=int, default=1, help="query rows a request (speculative decode; default 1)")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     names = [v for v in a.variants.split(",") if v]
+    if not 1 <= a.q_len <= 16:
+        raise SystemExit(f"--q-len must be in [1, 16], got {a.q_len}")
     shapes = COMPETITION_SHAPES if not a.shapes else [tuple(int(t) for t in s.split("x")) for s in a.shapes.split(",")]
     shapes = sorted(shapes, key=lambda s: (s[1], s[0]))
     for n in names:  # unknown names fail first, on any machine (the SM count only scales the plan slots)
@@ -147,7 +154,7 @@ def main() -> None:
         raise SystemExit("ab.py needs a CUDA GPU (it times the kernels)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.time()
-    good = {n: a.no_check or check(n, sms, a.precision) for n in names}
+    good = {n: a.no_check or check(n, sms, a.precision, a.q_len) for n in names}
     print(f"checks done in {time.time() - t0:.0f} s", flush=True)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
@@ -155,10 +162,10 @@ def main() -> None:
     peers = [p for p in a.peers.split(",") if p and p != "none"]
     for B, L in shapes:
         n = rotation_copies(kv_cache_bytes(B, L, a.precision))
-        line: dict[str, Any] = {"B": B, "L": L}
+        line: dict[str, Any] = {"B": B, "L": L, "q_len": a.q_len}
         for peer in peers:
             try:
-                x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
+                x = make_inputs(DecodeCase.uniform(B, L, q_len=a.q_len)).to("cuda")
                 call, _ = get_backend(peer).make_callable(x, precision=a.precision, n_copies=n)
                 line[peer] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
@@ -166,14 +173,14 @@ def main() -> None:
                 line[peer] = float("nan")
         for name in names:
             try:
-                call = _callable(name, B, L, a.precision, n, sms)
+                call = _callable(name, B, L, a.q_len, a.precision, n, sms)
                 call(0)
                 line[name] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
                 print(f"{name} failed at {B}x{L}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 line[name] = float("nan")
             torch.cuda.empty_cache()
-        line["floor"] = call_bytes(B, L, a.precision) / (bw * 1e12) * 1e6  # (the bench's floor_us)
+        line["floor"] = call_bytes(B, L, a.precision, a.q_len) / (bw * 1e12) * 1e6  # (the bench's floor_us)
         rows.append(line)
         print(" ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in line.items()), flush=True)
     cols = peers + names
@@ -187,8 +194,8 @@ def main() -> None:
     print("checks: " + ", ".join(f"{n}={'PASS' if good[n] else 'FAIL'}" for n in names))
     if a.out and rows:
         prov = provenance()  # device, versions, date in every row
-        write_rows_csv(a.out, [{**{k: r.get(k) for k in ("B", "L", *cols, "floor")}, "precision": a.precision, **prov}
-                               for r in rows])  # fmt: skip
+        keys = ("B", "L", *(("q_len",) if a.q_len > 1 else ()), *cols, "floor")
+        write_rows_csv(a.out, [{**{k: r.get(k) for k in keys}, "precision": a.precision, **prov} for r in rows])
 
 
 if __name__ == "__main__":
