@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from mlalab.accuracy import sweep
 from mlalab.config import DecodeCase
-from mlalab.quant.schemes import KV_SCHEMES, Q_SCHEMES
+from mlalab.quant import KV_SCHEMES, Q_SCHEMES, concrete_names
 
 
 def main() -> None:
@@ -36,8 +36,7 @@ def main() -> None:
     if a.top < 1:
         raise SystemExit(f"--top must be >= 1, got {a.top}")
     case = DecodeCase.uniform(b, n, dist=a.dist)
-    qs = [q for q in Q_SCHEMES if ":" not in q]  # (schemes that take a parameter are left out)
-    kvs = [k for k in KV_SCHEMES if ":" not in k]
+    qs, kvs = concrete_names(Q_SCHEMES), concrete_names(KV_SCHEMES)  # (as --q-schemes all / --kv-schemes all)
     sweep(case, qs, kvs, "e4m3fn", progress=False, device=a.device)  # warm-up: CUDA context, kernels, caches
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device.startswith("cuda") else [])
     with profile(activities=acts) as prof:

@@ -9,7 +9,14 @@ import pandas as pd
 import pytest
 
 from mlalab.plots.experiments import experiment_figure
-from mlalab.records.ab import experiment_geomeans, list_experiments, load_experiment, peer_name, reference_column
+from mlalab.records.ab import (
+    case_labels,
+    experiment_geomeans,
+    list_experiments,
+    load_experiment,
+    peer_name,
+    reference_column,
+)
 from mlalab.records.schema import PROVENANCE_COLUMNS
 
 
@@ -90,6 +97,8 @@ def test_bad_experiment_input_is_refused(tmp_path: Path) -> None:
         load_experiment("h200_1999-01-01_ab_none.csv")
     with pytest.raises(TypeError, match="file name or path"):
         load_experiment(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="columns B, L"):
+        case_labels(pd.DataFrame({"q_len": [2]}))
     p = tmp_path / "bad_ab_1.csv"
     pd.DataFrame({"B": [4], "L": [1024], "v1": [5.0]}).to_csv(p, index=False)
     with pytest.raises(ValueError, match="needs a reference column .* or two variant columns.*; got v1"):

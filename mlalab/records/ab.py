@@ -136,6 +136,8 @@ def experiment_geomeans(df: pd.DataFrame) -> pd.DataFrame:
 def case_labels(df: pd.DataFrame) -> list[str]:
     """One label per row: its shape (``B4·L1024``) and, where the file has them, its q_len and layout
     (``B4·L1024·q2·tokens``)."""
+    if not isinstance(df, pd.DataFrame) or not set(_FIXED) <= set(df.columns):
+        raise ValueError(f"df must be an experiment table with columns {', '.join(_FIXED)} (load_experiment)")
     keys = [k for k in CASE_KEYS if k in df.columns]
     return ["·".join([f"B{r['B']}", f"L{r['L']}", *(f"q{r[k]}" if k == "q_len" else str(r[k]) for k in keys)])
             for _, r in df.iterrows()]  # fmt: skip
