@@ -154,9 +154,19 @@ def _env(tmp: Path, cache: Path) -> dict[str, str]:
     return env
 
 
-def run_pytest(tmp: Path, tests: tuple[str, ...], marker: str, timeout: float, extra: tuple[str, ...] = ()) -> tuple:
-    """(status, first failing test or the tail of the output, seconds)."""
-    cache = Path(tempfile.mkdtemp(prefix="triton-cache-"))
+def run_pytest(
+    tmp: Path,
+    tests: tuple[str, ...],
+    marker: str,
+    timeout: float,
+    extra: tuple[str, ...] = (),
+    cache: Path | None = None,
+) -> tuple:
+    """(status, first failing test or the tail of the output, seconds). `cache`: a Triton cache to keep (shared by
+    the runs of one process: Triton keys a kernel by its source, so a mutant never reuses another's binary); by
+    default a fresh one, removed after the run."""
+    own = cache is None
+    cache = Path(tempfile.mkdtemp(prefix="triton-cache-")) if own else cache
     cmd = [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider", "-m", marker, "-rf", *extra]
     t0 = time.time()
     try:
@@ -164,14 +174,17 @@ def run_pytest(tmp: Path, tests: tuple[str, ...], marker: str, timeout: float, e
     except subprocess.TimeoutExpired:
         return "killed (timeout)", "", time.time() - t0
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        if own:
+            shutil.rmtree(cache, ignore_errors=True)
     dt = time.time() - t0
     failed = [ln.split(" ", 1)[1].split(" - ")[0] for ln in r.stdout.splitlines() if ln.startswith("FAILED ")]
     if r.returncode == 0:
         return "survived", r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "", dt
     if r.returncode == 5:
         return "no tests", "", dt
-    return "killed", failed[0] if failed else (r.stdout + r.stderr)[-300:].replace("\n", " | "), dt
+    why = next((ln[1:].strip()[:160] for ln in r.stdout.splitlines() if ln.startswith("E ")), "")  # (an OOM shows here)
+    first = f"{failed[0]}: {why}" if failed else (r.stdout + r.stderr)[-300:].replace("\n", " | ")
+    return "killed", first, dt
 
 
 _BUILD = """
@@ -260,9 +273,10 @@ def gpu_run(names: list[str], timeout: float, clean: bool = True, k: str = "") -
         raise SystemExit("the GPU mutation run needs an sm_90 GPU (H200/H100); use --dry-run on the CPU")
     rows = []
     tmp = make_copy()
+    cache = tmp / ".triton-cache"  # shared by this run's mutants: the unmutated kernels compile once
     try:
         for tests in sorted({MUTANTS[n][4] for n in names}) if clean else ():
-            st, first, dt = run_pytest(tmp, tests, "gpu", timeout, extra)
+            st, first, dt = run_pytest(tmp, tests, "gpu", timeout, extra, cache)
             print(f"clean {' '.join(tests)}: {st} ({dt:.0f} s) {first}", flush=True)
             if st != "survived":
                 raise SystemExit(f"the GPU tests {tests} fail on the unmutated code: {first}")
@@ -273,7 +287,7 @@ def gpu_run(names: list[str], timeout: float, clean: bool = True, k: str = "") -
                 rows.append({"mutant": name, "module": module, "what": what, "status": "invalid", "detail": ""})
                 continue
             try:
-                st, first, dt = run_pytest(tmp, tests, "gpu", timeout, extra)
+                st, first, dt = run_pytest(tmp, tests, "gpu", timeout, extra, cache)
             finally:
                 (tmp / module).write_text(original, encoding="utf-8")
             rows.append({"mutant": name, "module": module, "what": what, "status": st,
