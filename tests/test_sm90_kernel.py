@@ -71,31 +71,54 @@ def test_refusals_name_the_reason() -> None:
         Decoder(prepare(x, "bf16"), plan)
 
 
-@pytest.mark.parametrize("q_len", [1, 2, 4])
+@pytest.mark.parametrize(("q_len", "per"), [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)])
 @pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
-def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, planner: str) -> None:
+def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, per: int, planner: str) -> None:
+    """`per` q rows a kernel work (1, or 2: a warpgroup each): every (work, group of rows) exactly once, CTA c·G + g
+    running group g of slot c's works in the plan's order."""
     x = make_inputs(DecodeCase(kv_lens=(0, 700, 65, 3000, 1), q_len=q_len))
     plan = make_plan(planner, x.qo_indptr, x.kv_indptr, 6)
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
-    cta_indptr, rows = host.row_passes(plan.work_indptr, wi)
-    assert cta_indptr.numel() == plan.num_cus * q_len + 1 and int(cta_indptr[-1]) == rows.shape[0]
-    assert ((rows[:, 3] - rows[:, 2]) == 1).all()  # one q row per kernel work
-    # every (work, q row) exactly once: same request and KV range, q row qs + r, partial row loc + r (or -1)
+    cta_indptr, rows = host.row_passes(plan.work_indptr, wi, per)
+    G = q_len // per
+    assert cta_indptr.numel() == plan.num_cus * G + 1 and int(cta_indptr[-1]) == rows.shape[0]
+    assert ((rows[:, 3] - rows[:, 2]) == per).all()  # `per` q rows per kernel work
+    # every (work, group) exactly once: same request and KV range, q rows from qs + g·per, partial rows likewise
     want = set()
     for w in range(wi.shape[0]):
         b, loc, qs, qe, ks, ke = (int(v) for v in wi[w, :6])
-        want |= {(b, loc + r if loc >= 0 else -1, qs + r, ks, ke) for r in range(qe - qs)}
+        want |= {(b, loc + g * per if loc >= 0 else -1, qs + g * per, ks, ke) for g in range((qe - qs) // per)}
     got = [(int(r[0]), int(r[1]), int(r[2]), int(r[4]), int(r[5])) for r in rows]
     assert len(got) == len(set(got)) and set(got) == want
-    # CTA c·q_len + r runs row r of slot c's works, in the plan's order
     for c in range(plan.num_cus):
         works = wi[int(plan.work_indptr[c]) : int(plan.work_indptr[c + 1])]
-        for r in range(q_len):
-            mine = rows[int(cta_indptr[c * q_len + r]) : int(cta_indptr[c * q_len + r + 1])]
-            assert mine[:, 2].tolist() == (works[:, 2] + r).tolist()
+        for g in range(G):
+            mine = rows[int(cta_indptr[c * G + g]) : int(cta_indptr[c * G + g + 1])]
+            assert mine[:, 2].tolist() == (works[:, 2] + g * per).tolist()
             assert mine[:, 4].tolist() == works[:, 4].tolist()
-    if q_len == 1:  # the plan's own tables
+    if G == 1:  # the plan's own tables
         assert torch.equal(cta_indptr, plan.work_indptr) and torch.equal(rows, wi)
+
+
+def test_rows_per_cta_two_on_the_fp8_path_with_even_rows_only() -> None:
+    """Two q rows a work (a warpgroup each) where every work covers an even number of rows on the fp8 path, not on
+    the 16-bit and fp4 paths, not with a token table; `row_passes` refuses a split it cannot make."""
+    for q_len, prec, want in ((2, "a8w8", 2), (4, "a8w8", 2), (1, "a8w8", 1), (2, "bf16", 1), (2, "a16w8", 1),
+                              (4, "a8w4-mxfp4", 1), (3, "a8w8", 1)):  # fmt: skip
+        x = make_inputs(DecodeCase(kv_lens=(0, 700, 65), q_len=q_len))
+        plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 6)
+        wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+        assert host.rows_per_cta_of(prepare(x, prec), wi) == want, (q_len, prec)
+    tok = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2, page_size=1, permute_pages=True))
+    assert host.tokens(prepare(tok, "a8w8"))
+    twi = token_work_info(make_plan("simple", tok.qo_indptr, tok.kv_indptr, 4), tok.kv_indptr, tok.kv_last_page_len)
+    assert host.rows_per_cta_of(prepare(tok, "a8w8"), twi) == 1
+    x = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=3))
+    plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
+    with pytest.raises(ValueError, match="multiple of rows_per_cta=2"):
+        host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 2)
+    with pytest.raises(ValueError, match="rows_per_cta must be 1 or 2"):
+        host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 4)
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -261,7 +284,8 @@ def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
 @pytest.mark.parametrize("triton_copy", ["environment", "h200"])
 def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
     """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
-    hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables): the path's wgmmas
+    hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables, two q rows a work on
+    the fp8 path): the path's wgmmas
     (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory (but one register of the paged e4m3
     route on Triton 3.6, outside the tile loop), within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's
     conversion free of bank conflicts, one 8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
@@ -279,9 +303,11 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "                                                         ('v-conv', 16))]  # page by page\n"
         "runs += [(p, True, None, 0, 0, None, 1) for p in ('v-regs', 'v-tile', 'v-conv')]  # token tables\n"
         "runs += [('v-regs', True, 2, 0, 0, None, 1)]  # (token tables with a deferred ring fill, as launched)\n"
-        "for path, mask, fb, tl, ab, prec, pg in runs:\n"
+        "runs = [(*r, 1) for r in runs]\n"
+        "runs += [('v-regs', m, None, 0, 0, None, pg, 2) for m, pg in ((False, None), (True, None), (True, 16))]\n"
+        "for path, mask, fb, tl, ab, prec, pg, rw in runs:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
-        "                       page=pg)\n"
+        "                       page=pg, rows=rw)\n"
         "    gmma = sum(n for k, n in r.sass.items() if 'GMMA' in k)\n"
         "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
         "    print('R', path, int(mask), fb or 0, tl, ab, r.registers, r.stack_bytes, local, r.shared_bytes,\n"
@@ -289,7 +315,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0))\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 29, out
+    assert len(rows) == 32, out
     for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
         if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":

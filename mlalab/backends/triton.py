@@ -107,9 +107,13 @@ def make_callable(
         plan_knobs["block"] = max(1, SIMPLE_PLAN_BLOCK // inputs.page_size)
     if plan is None:
         if num_cus is None and sm90:
-            # the sm_90 kernel runs a slot's q rows on q_len CTAs side by side (`row_passes`): SMs // q_len slots
+            # the sm_90 kernel runs a slot's q rows on CTAs side by side, 1 or 2 rows each (`row_passes`): SMs // CTAs
             q_rows = int(inputs.qo_indptr.diff().max()) if inputs.batch else 1
-            num_cus = max(1, torch.cuda.get_device_properties(0).multi_processor_count // max(1, q_rows))
+            two = (
+                q_rows % 2 == 0 and not sm90_host.tokens(prep) and sm90_host.path_of(prep, p_fp8=cfg.p_fp8) == "v-regs"
+            )
+            ctas = max(1, q_rows // 2 if two else q_rows)
+            num_cus = max(1, torch.cuda.get_device_properties(0).multi_processor_count // ctas)
         plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     dec = Decoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact, sm_scale=sm_scale)
     # what ran, for the timing records: the kernel config, the plan options a caller gave, the plan, the kernel path

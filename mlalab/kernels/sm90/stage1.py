@@ -40,8 +40,9 @@ Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) di
 or 32 tokens (one TMA box per page), or 64 rows of a token table (page size 1, any table: ``TOKENS``, the ring filled
 by cp.async, `_copy_token_rows`); the last two not with fp4 KV, whose block scales are read per tile; e4m3fn codes
 for fp8. The
-kernel runs one q row (16 heads) per work: a plan's works of q_len rows reach it as q_len works, one per CTA of a group
-streaming the same tiles (`host.row_passes`).
+kernel runs one q row (16 heads) per work, or on the fp8 path two, a warpgroup each (``NQ = 32``, 8 warps: the wgmmas'
+N split across the warpgroups, both reading the same ring and V): a plan's works of q_len rows reach it as works of one
+or two rows, one per CTA of a group streaming the same tiles (`host.row_passes`, `host.rows_per_cta_of`).
 """
 
 from __future__ import annotations
@@ -224,9 +225,10 @@ def _stage1_kernel(
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
     num_warps: gl.constexpr,
 ):  # fmt: skip
-    gl.static_assert(num_warps * 16 == BLOCK_N, "one warpgroup per 64 tokens of a tile (4 warps x 16 rows)")
+    ROWS: gl.constexpr = NQ // H  # q rows per work, a warpgroup each (the wgmmas' N split across warpgroups)
+    gl.static_assert(H == 16 and NQ == H * ROWS and (ROWS == 1 or ROWS == 2), "one or two q rows of 16 heads a work")
+    gl.static_assert(num_warps == 4 * ROWS, "a warpgroup (4 warps, 64 tokens of a tile as M) per q row")
     gl.static_assert(BLOCK_N == 64 and D_NOPE == 512, "the V layouts are written for 64-token tiles of 512 values")
-    gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth  # the KV as stored and TMA'd (the ring's type)
     gl.static_assert(not FP4_E4M3 or (KV_FP4 == 1 and qn_desc.dtype == gl.float8e4nv),
                      "the e4m3 route is for e4m3fn q with MXFP4 KV")  # fmt: skip
@@ -243,6 +245,8 @@ def _stage1_kernel(
     KV_CONVERT: gl.constexpr = (MMA_BITS == 16 and KV_BITS == 8) or FP4_E4M3
     gl.static_assert(not KV_FP4 or kn_desc.dtype == gl.uint8, "fp4 KV arrives as packed code bytes (uint8)")
     gl.static_assert(KV_BITS == MMA_BITS or KV_CONVERT, "q and KV of one type, bf16 q with fp8 KV, or fp4 KV")
+    gl.static_assert(ROWS == 1 or (V_IN_REGS and not KV_CONVERT and not TOKENS),
+                     "two q rows a work: the fp8 path (v-regs), its ring filled by TMA")  # fmt: skip
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the bf16 ring needs 2 stages")
     gl.static_assert(not V_FROM_K or ABLATE == 0, "ablations are written for the fp8 path")
@@ -278,9 +282,10 @@ def _stage1_kernel(
     gl.static_assert(SUB == 1 or not KV_FP4, "fp4 block scales are read per tile: pages of >= 64 tokens")
     sub_rows = TILE_ROWS + t_begin * SUB
 
-    # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the 4 warps along M, N = NQ (16 heads) per instruction
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, NQ, 256 // MMA_BITS])  # fmt: skip
+    # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): a warpgroup's 4 warps along M, N = 16 heads per
+    # instruction, each further warpgroup the next q row's 16 columns (its own wgmmas on the same A)
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, ROWS],
+                                                  instr_shape=[16, H, 256 // MMA_BITS])  # fmt: skip
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
     # a row of Pᵀ: BLOCK_N tokens of the products' type (64 B in fp8, 128 B in bf16)
     T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * MMA_BITS // 8, element_bitwidth=MMA_BITS,
