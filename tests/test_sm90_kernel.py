@@ -108,11 +108,15 @@ def test_rows_per_cta_two_on_the_fp8_path_with_even_rows_only() -> None:
         x = make_inputs(DecodeCase(kv_lens=(0, 700, 65), q_len=q_len))
         plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 6)
         wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
-        assert host.rows_per_cta_of(prepare(x, prec), wi) == want, (q_len, prec)
+        assert host.rows_per_cta_of(prepare(x, prec), wi[:, 3] - wi[:, 2]) == want, (q_len, prec)
+        assert host.rows_per_cta_of(prepare(x, prec), x.qo_indptr.diff()) == want, (q_len, prec)  # (per request)
     tok = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2, page_size=1, permute_pages=True))
     assert host.tokens(prepare(tok, "a8w8"))
     twi = token_work_info(make_plan("simple", tok.qo_indptr, tok.kv_indptr, 4), tok.kv_indptr, tok.kv_last_page_len)
-    assert host.rows_per_cta_of(prepare(tok, "a8w8"), twi) == 1
+    assert host.rows_per_cta_of(prepare(tok, "a8w8"), twi[:, 3] - twi[:, 2]) == 1
+    p8 = prepare(make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2)), "a8w8")
+    assert host.rows_per_cta_of(p8, torch.tensor([1, 2])) == 1  # (one odd count: one row a CTA)
+    assert host.rows_per_cta_of(p8, torch.tensor([0, 0])) == 1 and host.rows_per_cta_of(p8, torch.tensor([0, 2])) == 2
     x = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=3))
     plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
     with pytest.raises(ValueError, match="multiple of rows_per_cta=2"):
@@ -400,7 +404,8 @@ def _peaked(x):  # noqa: ANN001, ANN202
     return dataclasses.replace(x, q=(x.q.float() * 3).to(x.q.dtype))
 
 
-def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: float = 0.0) -> float:  # noqa: ANN001
+def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: float = 0.0,  # noqa: ANN001
+           rows: int | None = None) -> float:  # fmt: skip
     """Run the sm_90 decoder on `p` (outputs poisoned first) and compare with the tiled oracle of its path on the
     same codes (`clean`: the same inputs without the NaN planted in unused page slots). Returns the rel-L2.
 
@@ -408,10 +413,11 @@ def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: 
     attention (a8w8 on unit-std inputs with q x 3: scores up to ~15, whose rounding the softmax amplifies; measured
     rel-L2 0.5-0.75 % and |dLSE| up to 0.008 at q_len 1 (H200) and 0.0145 at q_len 2 (H100), where a16w8 on the same
     inputs is within 4e-6): 1e-2 and 2e-2; `lse_rtol` adds a relative part for huge LSEs. (A lost split or a wrong
-    merge moves the LSE by ln 2 or more.)"""
+    merge moves the LSE by ln 2 or more.) `rows`: the q rows a CTA must run per work (`host.rows_per_cta_of`)."""
     dec = Decoder(p, plan, config=config)
     path, p_dtype = PATHS[p.precision.value]
     assert dec.ran == f"sm90:{path}", dec.sm90_reason
+    assert rows is None or dec.sm90.rows == rows, (dec.sm90.rows, rows)
     out, lse = _poisoned_run(dec)
     ref, ref_lse = tiled_decode(p if clean is None else clean, plan, p_dtype=p_dtype)
     live = ref.norm(dim=-1) > 0
@@ -535,8 +541,8 @@ def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: st
 @pytest.mark.parametrize("planner", list(PLANNERS))
 @pytest.mark.parametrize("precision", list(PATHS))
 def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precision: str) -> None:
-    """q_len 2 and 4 on the sm_90 kernel (row passes): ragged, empty and long requests, every query row seeing its
-    request's whole KV; plans with SMs // q_len slots (all CTAs at once) and with 132 (q_len waves)."""
+    """q_len 2 and 4 on the sm_90 kernel (row passes; a8w8: two q rows a CTA, a warpgroup each): ragged, empty and
+    long requests, every query row seeing its request's whole KV; plans with SMs // q_len slots and with 132."""
     from mlalab.backends.triton import build_plan
 
     for lens, dist in [(tuple(ragged_kv_lens(9, 700, seed=3)), "unit"), ((0, 130, 5, 4096), "competition"),
@@ -544,7 +550,34 @@ def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precisio
         x = make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, seed=5, dist=dist)).to("cuda")
         x = _peaked(x) if dist == "unit" else x
         for slots in (132 // q_len, 132):
-            _check(prepare(x, precision), build_plan(x, planner, slots), peaked=dist == "unit")
+            _check(prepare(x, precision), build_plan(x, planner, slots), peaked=dist == "unit",
+                   rows=2 if precision == "a8w8" else 1)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize(("q_len", "page"), [(2, 16), (2, 64), (4, 16), (4, 64)])
+def test_gpu_two_rows_a_cta_paged_with_nan_and_many_works(q_len: int, page: int) -> None:
+    """a8w8 with two q rows a CTA on the paths a contiguous batch does not take: permuted pages of 16 (a box per
+    page) and 64 tokens with NaN in every unused slot (tails zeroed by 8 warps), split works, and plans on a few
+    slots (CTAs with many works: the 32-row q buffers reused, works without tiles)."""
+    from mlalab.backends.triton import build_plan
+
+    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
+    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=page, permute_pages=True, seed=9,
+                                       dist="unit"))).to("cuda")  # fmt: skip
+    p = prepare(x, "a8w8")
+    clean = dataclasses.replace(p, kv=p.kv.clone())
+    kv = p.kv.view(-1, page, p.kv.shape[-1])
+    pages = x.kv_indices.long()
+    for b in range(len(lens)):
+        s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
+        if e > s:
+            kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(torch.uint8).fill_(0x7F)  # NaN codes
+    for planner, slots, knobs in (("simple", 132 // (q_len // 2), {"block": 1}), ("balanced", 132, {}),
+                                  ("balanced", 3, {})):  # fmt: skip
+        plan = build_plan(x, planner, slots, **knobs)
+        _check(p, plan, clean, peaked=True, rows=2)
 
 
 @pytest.mark.gpu

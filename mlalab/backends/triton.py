@@ -109,10 +109,8 @@ def make_callable(
         if num_cus is None and sm90:
             # the sm_90 kernel runs a slot's q rows on CTAs side by side, 1 or 2 rows each (`row_passes`): SMs // CTAs
             q_rows = int(inputs.qo_indptr.diff().max()) if inputs.batch else 1
-            two = (
-                q_rows % 2 == 0 and not sm90_host.tokens(prep) and sm90_host.path_of(prep, p_fp8=cfg.p_fp8) == "v-regs"
-            )
-            ctas = max(1, q_rows // 2 if two else q_rows)
+            per = sm90_host.rows_per_cta_of(prep, inputs.qo_indptr.diff(), p_fp8=cfg.p_fp8)  # (as the decoder decides)
+            ctas = max(1, q_rows // per)
             num_cus = max(1, torch.cuda.get_device_properties(0).multi_processor_count // ctas)
         plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     dec = Decoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact, sm_scale=sm_scale)

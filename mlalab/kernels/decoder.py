@@ -143,7 +143,7 @@ class Decoder:
         #: (`sm90.host.row_passes`, `sm90.host.rows_per_cta_of`)
         self.sm90 = None
         if sm90:
-            rows = sm90_host.rows_per_cta_of(prepared, work_info, p_fp8=config.p_fp8)
+            rows = sm90_host.rows_per_cta_of(prepared, work_info[:, 3] - work_info[:, 2], p_fp8=config.p_fp8)
             cta_indptr, row_info = sm90_host.row_passes(plan.work_indptr, work_info, rows)
             self.work_info = row_info.to(dev)
             self.sm90 = sm90_host.Sm90Stage1(prepared, cta_indptr, row_info, launch_dependents=self.use_pdl,

@@ -173,9 +173,9 @@ def _columns_first(layout):  # noqa: ANN001, ANN202
 @gluon.jit
 def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.constexpr, D_NOPE: gl.constexpr,
                               NQ: gl.constexpr):  # fmt: skip
-    """A partial stored head-minor, rows ``base .. base + NQ`` of PART_LSE and element (d, n) of the partial at
-    ``PART_O[base·D_NOPE + d·NQ + n]`` ((rows, 512, 16), what the reduces read), straight from the wgmma accumulator.
-    Row m goes to the value dim whose bits `ROW_BITS` gives.
+    """A partial stored head-minor, rows ``base .. base + NQ`` of PART_LSE and element (d, n = 16 r + h) of q row r's
+    partial at ``PART_O[(base + 16 r)·D_NOPE + 16 d + h]`` ((rows, 512, 16), what the reduces read), straight from the
+    wgmma accumulator. Row m goes to the value dim whose bits `ROW_BITS` gives.
 
     fp32: a thread holds 2 adjacent heads of a row (one 8-byte store) and a warp instruction fills 8 whole 32-byte
     sectors. fp16: that order would write half sectors, so the heads go in the column order

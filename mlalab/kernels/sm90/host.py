@@ -146,10 +146,11 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
     return cta_indptr.to(torch.int32), out.to(torch.int32).contiguous()
 
 
-def rows_per_cta_of(prepared: PreparedInputs, work_info: torch.Tensor, p_fp8: bool = True) -> int:
+def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True) -> int:
     """q rows a CTA of the sm_90 kernel runs per work: 2 (a warpgroup each, sharing one ring of KV tiles) on the fp8
-    path (``v-regs``) when every work covers an even number of q rows (q_len 2, 4); else 1."""
-    rows = (work_info[:, 3] - work_info[:, 2]).to("cpu", torch.int64)
+    path (``v-regs``) without a token table when every count in `q_rows` (the q rows of each work, or of each request
+    before a plan exists) is even and some is not 0 (q_len 2, 4); else 1."""
+    rows = q_rows.to("cpu", torch.int64)
     even = rows.numel() > 0 and bool((rows % 2 == 0).all()) and bool((rows > 0).any())
     return 2 if even and not tokens(prepared) and path_of(prepared, p_fp8=p_fp8) == "v-regs" else 1
 

@@ -11,7 +11,7 @@ N dimension, so nothing is padded:
   on the operand types (`vpaths`): from registers (fp8), read transposed from the K tile (bf16), or from a bf16 copy
   of each fp8 tile (bf16 q with fp8 KV).
 
-Per CTA (one warpgroup of 4 warps; the grid is the plan's slots, one per SM): the works
+Per CTA (one warpgroup of 4 warps per q row of its works; the grid is the plan's slots, one per SM): the works
 ``work_info[work_indptr[c]:work_indptr[c+1]]`` are walked in order, their 64-token tiles flattened into one stream
 that a ring of ``NUM_STAGES`` TMA buffers prefetches across work boundaries (the host lists each CTA's tile start rows
 once per plan: ``TILE_ROWS``; its header ``CTA_INFO`` holds its work and tile ranges, its first q row and the rows of
@@ -193,7 +193,7 @@ def _work_row(info):
 
 @gluon.jit
 def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row, j, H: gl.constexpr):
-    """TMA the 16 head rows of q row `q_row` (the CTA's j-th work) into q buffer ``j % 2``."""
+    """TMA the NQ head rows of q rows `q_row` .. (the CTA's j-th work: 16 heads a q row) into q buffer ``j % 2``."""
     b = j % 2
     bar = q_bar.index(b)
     mbarrier.expect(bar, qn_desc.block_type.nbytes + qr_desc.block_type.nbytes)
@@ -491,7 +491,7 @@ def _stage1_kernel(
             else:
                 p_smem.index(pb).store(p.to(mma_type).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Pᵀ) and reads (V from the K tile) before async ones
-            _cta_barrier()  # ... by all four warps: Pᵀ complete
+            _cta_barrier()  # ... by every warp: Pᵀ complete
 
             o_cur = o_cur * alpha[None, :]
             if ABLATE >= 2:  # ablation: no PV (and no V operand: the compiler drops its loads)
