@@ -142,7 +142,7 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     ring); ``timeline`` / ``ablate``: the measurement hooks (the kernel's ``TIMELINE``, ``ABLATE``); ``page``: 16 or
     32 to build the page-by-page tile loads of such caches, 1 for a token table's rows by cp.async (with
     ``mask_tail``, as the decoder launches them; not on the fp4 paths), None for whole-tile loads; ``rows``: q rows
-    per work, 1 or 2 (a warpgroup each: speculative decode on the fp8 path, `host.rows_per_cta_of`)."""
+    per work, 1 or 2 (in the wgmmas' N: speculative decode on the fp8 path, `host.rows_per_cta_of`)."""
     import torch
     from triton.runtime.driver import driver
 
@@ -194,7 +194,7 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
             BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
             LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4,
             FP4_E4M3=path == "v-fp4-e4m3", TOKENS=page == 1, TIMELINE=timeline,
-            ABLATE=ablate, REPORT=True, num_warps=4 * rows, grid=(1,),
+            ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
         )  # fmt: skip
     conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))
     return _report(ck, stages, conflicts)

@@ -45,13 +45,14 @@ _O_STORE = gl.DistributedLinearLayout(
 
 @constexpr_function
 def _o_store(nq):  # noqa: ANN001, ANN202
-    """`_O_STORE` for `nq` columns (16 heads per q row, a warpgroup each: the further warps hold columns 16, 32 ..)."""
+    """`_O_STORE` for `nq` columns (16 heads per q row, all in one warpgroup's accumulator: the further registers hold
+    columns 16, 32 ..)."""
     nq = int(getattr(nq, "value", nq))
     if nq == 16:
         return _O_STORE
     extra = [[0, 16 << i] for i in range((nq // 16).bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg_bases=_O_STORE.reg_bases, lane_bases=_O_STORE.lane_bases,
-                                      warp_bases=_O_STORE.warp_bases + extra, block_bases=[],
+    return gl.DistributedLinearLayout(reg_bases=_O_STORE.reg_bases + extra, lane_bases=_O_STORE.lane_bases,
+                                      warp_bases=_O_STORE.warp_bases, block_bases=[],
                                       shape=[512, nq])  # fmt: skip
 
 

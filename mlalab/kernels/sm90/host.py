@@ -110,7 +110,7 @@ def unsupported(
 def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
                rows_per_cta: int = 1) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(cta_indptr, row_work_info)`` on the CPU: the plan as the sm_90 kernel runs it, `rows_per_cta` q rows per work
-    (1, or 2 where the kernel runs a warpgroup per q row: `rows_per_cta_of`).
+    (1, or 2 where the kernel puts two q rows in the wgmmas' N: `rows_per_cta_of`).
 
     A work of q rows ``[qs, qe)`` (speculative decode: q_len rows per request) becomes ``(qe - qs) / P`` works of
     ``P = rows_per_cta`` rows each, over the same KV range, writing the same outputs: rows ``qs + g·P ..`` and, when
@@ -147,8 +147,8 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
 
 
 def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True) -> int:
-    """q rows a CTA of the sm_90 kernel runs per work: 2 (a warpgroup each, sharing one ring of KV tiles) on the fp8
-    path (``v-regs``) without a token table when every count in `q_rows` (the q rows of each work, or of each request
+    """q rows a CTA of the sm_90 kernel runs per work: 2 (in the wgmmas' N, sharing each tile's K and V operands) on
+    the fp8 path (``v-regs``) without a token table when every count in `q_rows` (the q rows of each work, or of each request
     before a plan exists) is even and some is not 0 (q_len 2, 4); else 1."""
     rows = q_rows.to("cpu", torch.int64)
     even = rows.numel() > 0 and bool((rows % 2 == 0).all()) and bool((rows > 0).any())
@@ -261,7 +261,7 @@ class Sm90Stage1:
         self.n_cu = int(work_indptr.numel() - 1)
         self.p = prepared
         self._descs: dict[tuple[int, int], tuple] = {}
-        #: q rows per work (`rows_per_cta_of`): a warpgroup each
+        #: q rows per work (`rows_per_cta_of`): all in the wgmmas' N of the one warpgroup
         self.rows = rows_per_cta
         self.kw: dict[str, Any] = dict(
             H=MLA.num_heads, NQ=MLA.num_heads * rows_per_cta, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=BLOCK_N,
@@ -269,7 +269,7 @@ class Sm90Stage1:
             LAUNCH_DEPENDENTS=launch_dependents, FIRST_BURST=first_burst(most, self.stages), REPORT=False,
             KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(prepared.spec.kv_format, 0), FP4_E4M3=self.path == "v-fp4-e4m3",
             TOKENS=tokens(prepared),
-            num_warps=BLOCK_N // 16 * rows_per_cta,
+            num_warps=BLOCK_N // 16,
         )  # fmt: skip
         #: fp4 KV: the block scales as bytes (what the kernel reads, `fp4tiles._load_tile_scales`), else a stand-in
         self.kv_scales = prepared.kv_scale if prepared.kv_scales is None else prepared.kv_scales.view(torch.uint8)

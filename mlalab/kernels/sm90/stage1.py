@@ -40,8 +40,8 @@ Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) di
 or 32 tokens (one TMA box per page), or 64 rows of a token table (page size 1, any table: ``TOKENS``, the ring filled
 by cp.async, `_copy_token_rows`); the last two not with fp4 KV, whose block scales are read per tile; e4m3fn codes
 for fp8. The
-kernel runs one q row (16 heads) per work, or on the fp8 path two, a warpgroup each (``NQ = 32``, 8 warps: the wgmmas'
-N split across the warpgroups, both reading the same ring and V): a plan's works of q_len rows reach it as works of one
+kernel runs one q row (16 heads) per work, or on the fp8 path two (``NQ = 32``: both rows in the wgmmas' N, so each
+tile's K and V operands serve both): a plan's works of q_len rows reach it as works of one
 or two rows, one per CTA of a group streaming the same tiles (`host.row_passes`, `host.rows_per_cta_of`).
 """
 
@@ -225,9 +225,9 @@ def _stage1_kernel(
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
     num_warps: gl.constexpr,
 ):  # fmt: skip
-    ROWS: gl.constexpr = NQ // H  # q rows per work, a warpgroup each (the wgmmas' N split across warpgroups)
+    ROWS: gl.constexpr = NQ // H  # q rows per work, side by side in the wgmmas' N
     gl.static_assert(H == 16 and NQ == H * ROWS and (ROWS == 1 or ROWS == 2), "one or two q rows of 16 heads a work")
-    gl.static_assert(num_warps == 4 * ROWS, "a warpgroup (4 warps, 64 tokens of a tile as M) per q row")
+    gl.static_assert(num_warps == 4, "one warpgroup (4 warps, 64 tokens of a tile as M)")
     gl.static_assert(BLOCK_N == 64 and D_NOPE == 512, "the V layouts are written for 64-token tiles of 512 values")
     KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth  # the KV as stored and TMA'd (the ring's type)
     gl.static_assert(not FP4_E4M3 or (KV_FP4 == 1 and qn_desc.dtype == gl.float8e4nv),
@@ -282,10 +282,10 @@ def _stage1_kernel(
     gl.static_assert(SUB == 1 or not KV_FP4, "fp4 block scales are read per tile: pages of >= 64 tokens")
     sub_rows = TILE_ROWS + t_begin * SUB
 
-    # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): a warpgroup's 4 warps along M, N = 16 heads per
-    # instruction, each further warpgroup the next q row's 16 columns (its own wgmmas on the same A)
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, ROWS],
-                                                  instr_shape=[16, H, 256 // MMA_BITS])  # fmt: skip
+    # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the warpgroup's 4 warps along M, N = NQ (16 heads of each
+    # q row of the work) per instruction
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, NQ, 256 // MMA_BITS])  # fmt: skip
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
     # a row of Pᵀ: BLOCK_N tokens of the products' type (64 B in fp8, 128 B in bf16)
     T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * MMA_BITS // 8, element_bitwidth=MMA_BITS,
