@@ -74,8 +74,8 @@ def test_refusals_name_the_reason() -> None:
 @pytest.mark.parametrize(("q_len", "per"), [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)])
 @pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
 def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, per: int, planner: str) -> None:
-    """`per` q rows a kernel work (1, or 2: both in the wgmmas' N): every (work, group of rows) exactly once, CTA c·G + g
-    running group g of slot c's works in the plan's order."""
+    """`per` q rows a kernel work (1, or 2: both in the wgmmas' N): every (work, group of rows) exactly once, CTA
+    c·G + g running group g of slot c's works in the plan's order."""
     x = make_inputs(DecodeCase(kv_lens=(0, 700, 65, 3000, 1), q_len=q_len))
     plan = make_plan(planner, x.qo_indptr, x.kv_indptr, 6)
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)

@@ -148,8 +148,8 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
 
 def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True) -> int:
     """q rows a CTA of the sm_90 kernel runs per work: 2 (in the wgmmas' N, sharing each tile's K and V operands) on
-    the fp8 path (``v-regs``) without a token table when every count in `q_rows` (the q rows of each work, or of each request
-    before a plan exists) is even and some is not 0 (q_len 2, 4); else 1."""
+    the fp8 path (``v-regs``) without a token table when every count in `q_rows` (the q rows of each work, or of each
+    request before a plan exists) is even and some is not 0 (q_len 2, 4); else 1."""
     rows = q_rows.to("cpu", torch.int64)
     even = rows.numel() > 0 and bool((rows % 2 == 0).all()) and bool((rows > 0).any())
     return 2 if even and not tokens(prepared) and path_of(prepared, p_fp8=p_fp8) == "v-regs" else 1
