@@ -43,8 +43,9 @@ _V_REGS = gl.DistributedLinearLayout(
 
 @constexpr_function
 def _v_regs(num_warps):  # noqa: ANN001, ANN202
-    """`_V_REGS` for `num_warps` warps: every further warpgroup (a q row of its own, `stage1`) holds the same V, the
-    wgmma's register operand being the same for every column block of the accumulator."""
+    """`_V_REGS` for `num_warps` warps (`stage1` runs 4: `_V_REGS` itself, at one or two q rows a work): a further
+    warpgroup would hold the same V (a broadcast warp bit), the wgmma's register operand being the same for every
+    column block of the accumulator."""
     extra = int(getattr(num_warps, "value", num_warps)) // 4
     if extra == 1:
         return _V_REGS
