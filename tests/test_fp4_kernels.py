@@ -208,6 +208,28 @@ def test_sm90_takes_fp4_and_refuses_a_cache_that_does_not_match() -> None:
     assert "(rows, 36) block scales" in host.unsupported(bad, None)
 
 
+def test_two_ctas_an_sm_only_on_the_e4m3_route_of_large_batches() -> None:
+    """`host.ctas_per_sm`: 2 for the e4m3 route from `TWO_CTAS_FROM_TOKENS` KV tokens on (the H100 A/B of
+    data/ab/h100_2026-12-06_e4m3_two_ctas_an_sm.csv: 0.77x at 128 x 8192, 1.18-1.22x at 4 x 1024 and 4 x 8192), 1
+    below it, for the bf16 route and every other precision; a negative count is refused."""
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+    from mlalab.kernels import prepare
+    from mlalab.kernels.sm90 import host
+
+    x = make_inputs(DecodeCase(kv_lens=(64,)))
+    n = host.TWO_CTAS_FROM_TOKENS
+    assert n == 128 * 1024
+    e4m3 = prepare(x, "a8w4-mxfp4")
+    assert host.ctas_per_sm(e4m3, n) == 2 and host.ctas_per_sm(e4m3, 128 * 8192) == 2
+    assert host.ctas_per_sm(e4m3, n - 1) == 1 and host.ctas_per_sm(e4m3, 0) == 1
+    assert host.ctas_per_sm(e4m3, n, p_fp8=False) == 1
+    for prec in ("a8w8", "a16w8", "bf16", "a16w4-mxfp4", "a8w4-nvfp4"):
+        assert host.ctas_per_sm(prepare(x, prec), 10 * n) == 1, prec
+    with pytest.raises(ValueError, match="kv_tokens"):
+        host.ctas_per_sm(e4m3, -1)
+
+
 def _run_asm(asm: str, ins: dict[int, int]) -> dict[int, int]:
     """Execute the few PTX instructions the fp4 conversions use (mov, and, or, shl, shr, add, prmt in its default
     mode, lop3, mul.rn.bf16x2) on 32-bit integers: operands ``$k`` from `ins`, returns the ``$k`` written."""
@@ -659,6 +681,23 @@ def test_gpu_sm90_fp4_every_planner_ragged_long_empty(planner: str, precision: s
         x = make_inputs(DecodeCase(kv_lens=lens, seed=4, dist=dist)).to("cuda")
         x = _peaked(x) if dist == "unit" else x
         _check_sm90_fp4(prepare(x, precision), build_plan(x, planner, 132), peaked=dist == "unit", p_fp8=p_fp8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("batch", [4, 128])
+def test_gpu_backend_default_plan_runs_two_ctas_an_sm_on_large_e4m3_batches(batch: int) -> None:
+    """The triton backend's default plan for a8w4-mxfp4 (the e4m3 route): 2 x SMs slots at 128 x 1024 KV tokens, SMs
+    at 4 x 1024; both decode right (the tiled oracle, peaked inputs)."""
+    from mlalab.backends.triton import make_callable
+    from mlalab.config import DecodeCase
+    from mlalab.inputs import make_inputs
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x = _peaked(make_inputs(DecodeCase(kv_lens=(1024,) * batch, seed=7, dist="unit")).to("cuda"))
+    _, info = make_callable(x, precision="a8w4-mxfp4")
+    assert info["plan"].num_cus == sms * (2 if batch == 128 else 1) and info["decoder"].ran == "sm90:v-fp4-e4m3"
+    _check_sm90_fp4(info["prepared"], info["plan"], peaked=True)
 
 
 @pytest.mark.gpu

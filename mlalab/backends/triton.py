@@ -4,7 +4,8 @@ Triton kernel elsewhere (and in Triton's CPU interpreter).
 Options of `decode` / `make_callable`: ``precision`` (a8w8 | a16w8 | bf16, `mlalab.quant.precision`), ``fp8_format``
 (e4m3fn | e4m3fnuz), ``fp4_recipe`` (the fp4-KV precisions: an MXFP4 recipe of `mlalab.kernels.fp4.FP4_RECIPES`,
 default aiter's), ``planner`` (a name from `mlalab.plan.PLANNERS`; default "simple", the one-wave even split),
-``num_cus`` (plan slots; default: the GPU's SM count, divided by q_len where the sm_90 kernel runs), ``plan_block``
+``num_cus`` (plan slots; default: the GPU's SM count times `sm90.host.ctas_per_sm`, divided by the CTAs a
+request's q rows take where the sm_90 kernel runs), ``plan_block``
 (the simple planner's ``block``: minimum work size in kv_indices positions; default `SIMPLE_PLAN_BLOCK` tokens in
 pages where the sm_90 kernel runs), ``plan`` (a ready WorkPlan),
 the planner's own knobs (e.g. ``kv_granularity``, ``max_split_per_batch``), the `KernelConfig` knobs (``kernel``,
@@ -111,7 +112,9 @@ def make_callable(
             q_rows = int(inputs.qo_indptr.diff().max()) if inputs.batch else 1
             per = sm90_host.rows_per_cta_of(prep, inputs.qo_indptr.diff(), p_fp8=cfg.p_fp8)  # (as the decoder decides)
             ctas = max(1, q_rows // per)
-            num_cus = max(1, torch.cuda.get_device_properties(0).multi_processor_count // ctas)
+            kv_tokens = int(inputs.kv_lens.sum()) if inputs.batch else 0
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            num_cus = max(1, sms * sm90_host.ctas_per_sm(prep, kv_tokens, p_fp8=cfg.p_fp8) // ctas)
         plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     dec = Decoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact, sm_scale=sm_scale)
     # what ran, for the timing records: the kernel config, the plan options a caller gave, the plan, the kernel path

@@ -155,6 +155,21 @@ def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool 
     return 2 if even and not tokens(prepared) and path_of(prepared, p_fp8=p_fp8) == "v-regs" else 1
 
 
+#: KV tokens in a batch from which the e4m3 route runs two CTAs an SM (`ctas_per_sm`)
+TWO_CTAS_FROM_TOKENS = 1 << 17
+
+
+def ctas_per_sm(prepared: PreparedInputs, kv_tokens: int, p_fp8: bool = True) -> int:
+    """Persistent CTAs a default plan puts on each SM: 2 on the e4m3 route (``v-fp4-e4m3``: 255 registers and 114 KB
+    of shared memory, so two fit, and one CTA's fp4 conversion overlaps the other's wgmmas) once the batch holds
+    `TWO_CTAS_FROM_TOKENS` KV tokens or more; else 1 (smaller batches lose more to the extra splits' merges than
+    they gain)."""
+    if kv_tokens < 0:
+        raise ValueError(f"kv_tokens must be >= 0, got {kv_tokens}")
+    two = path_of(prepared, p_fp8=p_fp8) == "v-fp4-e4m3" and kv_tokens >= TWO_CTAS_FROM_TOKENS
+    return 2 if two else 1
+
+
 def tokens(prepared: PreparedInputs) -> bool:
     """Page size 1 with a token table other than the identity: every row of a tile fetched on its own (the kernel's
     ``TOKENS``, `stage1._copy_token_rows`)."""
