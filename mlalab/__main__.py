@@ -17,12 +17,28 @@ from . import __version__, commands
 
 
 def _command_modules() -> list:
+    """The command modules, and for one whose optional dependency is missing (plotly for ``report`` on a bare GPU
+    machine) a stand-in that names it: the other commands still run."""
     mods = []
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
         if info.name.startswith("_"):
             continue
-        mods.append(importlib.import_module(f"{commands.__name__}.{info.name}"))
+        try:
+            mods.append(importlib.import_module(f"{commands.__name__}.{info.name}"))
+        except ModuleNotFoundError as e:
+            mods.append(_missing_dependency(info.name, e))
     return sorted(mods, key=lambda m: getattr(m, "ORDER", 100))
+
+
+def _missing_dependency(name: str, error: ModuleNotFoundError) -> argparse.Namespace:
+    why = f"the {name!r} command needs the Python package {error.name!r}, which is not installed ({error})"
+
+    def run(args: argparse.Namespace) -> int:
+        raise RuntimeError(why)
+
+    return argparse.Namespace(
+        NAME=name, HELP=f"(unavailable: needs {error.name})", ORDER=1000, add_arguments=lambda p: None, run=run
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

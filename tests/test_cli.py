@@ -131,3 +131,12 @@ def test_bench_recorded_table_says_its_unit(capsys) -> None:
     assert main(["bench", "--recorded"]) == 0
     out = capsys.readouterr().out
     assert "µs per call (median of the graph replays; columns: batch × kv_len):" in out
+
+
+def test_a_command_whose_dependency_is_missing_names_it_and_the_others_run() -> None:
+    """Without plotly (a bare GPU machine) `report` fails with one line naming it; `sweep` still parses."""
+    code = "import sys; sys.modules['plotly'] = None; from mlalab.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", code, "report"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "'report' command needs the Python package 'plotly'" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", code, "sweep", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--kv-schemes" in r.stdout, r.stderr
