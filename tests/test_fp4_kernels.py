@@ -210,7 +210,7 @@ def test_sm90_takes_fp4_and_refuses_a_cache_that_does_not_match() -> None:
 
 def test_two_ctas_an_sm_only_on_the_e4m3_route_of_large_batches() -> None:
     """`host.ctas_per_sm`: 2 for the e4m3 route from `TWO_CTAS_FROM_TOKENS` KV tokens on (the H100 A/B of
-    data/ab/h100_2026-12-06_e4m3_two_ctas_an_sm.csv: 0.77x at 128 x 8192, 1.18-1.22x at 4 x 1024 and 4 x 8192), 1
+    data/ab/h100_2026-12-06_e4m3_two_ctas_an_sm.csv: 0.76-0.93x at the shapes from 128K tokens, 0.98-1.22x below), 1
     below it, for the bf16 route and every other precision; a negative count is refused."""
     from mlalab.config import DecodeCase
     from mlalab.inputs import make_inputs
