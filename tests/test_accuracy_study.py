@@ -130,6 +130,33 @@ def test_a_time_limit_stops_cleanly_and_the_next_run_goes_on(tmp_path: Path, ser
         sweep(CASES, QS, KVS, progress=False, time_limit=0)
 
 
+def test_a_time_limit_writes_the_table_before_the_workers_are_closed(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A caller's own deadline (`timeout` around a device call) may kill the sweep while it closes its workers: the
+    finished rows must be in `out` by then."""
+    from mlalab.accuracy import executors
+
+    out, seen = tmp_path / "w.csv", []
+    real_close = executors.Runner.close
+
+    def close(self: executors.Runner) -> None:
+        seen.append(len(read_table(out)) if out.exists() else 0)
+        real_close(self)
+
+    monkeypatch.setattr(executors.Runner, "close", close)
+    df = sweep(CASES, QS, KVS, progress=False, out=out, time_limit=1e-9)
+    assert seen == [4] and len(df) == 4 and df.attrs["sweep"]["left"] == 12
+
+
+def test_abandon_ends_a_process_pool_without_waiting_for_its_task() -> None:
+    runner = open_runner("processes:1")
+    runner._pool.submit(time.sleep, 600).running()  # a task that would hold the pool for 10 minutes
+    time.sleep(2)  # (the worker has started it)
+    t0 = time.perf_counter()
+    runner.abandon()
+    runner.close()
+    assert time.perf_counter() - t0 < 60
+
+
 def test_a_failing_case_is_recorded_with_its_error_and_retried(tmp_path: Path) -> None:
     huge = DecodeCase.uniform(1, 10**10)  # make_inputs refuses it (TooLargeError): a real failure in the task
     out = tmp_path / "f.csv"

@@ -127,6 +127,17 @@ class Runner:
             except Exception as e:  # KilledWorker: the task's workers died; CancelledError: scheduler lost
                 yield dfuts[f], e
 
+    def abandon(self) -> None:
+        """Stop without the results of tasks in flight (a sweep's time limit): a process pool's workers are ended
+        now rather than waited for; a Dask cluster's tasks go when `close` closes the client."""
+        if self._pool is not None:
+            workers = list(getattr(self._pool, "_processes", {}).values())  # (the pool has no public handle)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for proc in workers:
+                proc.terminate()
+            for proc in workers:
+                proc.join(timeout=10)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

@@ -97,48 +97,47 @@ def sweep(
     t0 = time.perf_counter()
     new: list[dict[str, Any]] = []
     failed = 0
-    if todo:
-        tasks = grid.tasks(todo, chunk_rows)
-        with open_runner(executor) as runner:
-            say(f"executor: {runner.describe()}; {len(tasks)} tasks, device {dev}")
-            if runner.dashboard_link:
-                say(f"Dask dashboard: {runner.dashboard_link}")
-            bar = None
-            if progress or (progress is None and len(grid) > 8):
-                from tqdm.auto import tqdm
+    df: pd.DataFrame | None = None
+    try:
+        if todo:
+            tasks = grid.tasks(todo, chunk_rows)
+            with open_runner(executor) as runner:
+                say(f"executor: {runner.describe()}; {len(tasks)} tasks, device {dev}")
+                if runner.dashboard_link:
+                    say(f"Dask dashboard: {runner.dashboard_link}")
+                bar = None
+                if progress or (progress is None and len(grid) > 8):
+                    from tqdm.auto import tqdm
 
-                bar = tqdm(total=len(grid), initial=len(done), desc="accuracy sweep", unit="row", leave=False)
-            try:
-                for task, res in runner.run(tasks, grid.tolerances, dev):
-                    recs = _records(task, res)
-                    for r in recs:
-                        r["run_id"] = run_id
-                    failed += sum(1 for r in recs if r["error"])
-                    if store is not None:
-                        store.append(recs)
-                    new.extend(recs)
+                    bar = tqdm(total=len(grid), initial=len(done), desc="accuracy sweep", unit="row", leave=False)
+                try:
+                    for task, res in runner.run(tasks, grid.tolerances, dev):
+                        recs = _records(task, res)
+                        for r in recs:
+                            r["run_id"] = run_id
+                        failed += sum(1 for r in recs if r["error"])
+                        if store is not None:
+                            store.append(recs)
+                        new.extend(recs)
+                        if bar is not None:
+                            bar.update(len(recs))
+                        if on_chunk is not None:
+                            on_chunk(len(done) + len(new), len(grid))
+                        if time_limit is not None and time.perf_counter() - t0 > time_limit:
+                            say(f"time limit of {time_limit:g} s reached: stopping; the rows done so far are kept")
+                            runner.abandon()  # tasks in flight are not waited for (their rows: the next run)
+                            break
+                finally:
                     if bar is not None:
-                        bar.update(len(recs))
-                    if on_chunk is not None:
-                        on_chunk(len(done) + len(new), len(grid))
-                    if time_limit is not None and time.perf_counter() - t0 > time_limit:
-                        say(f"time limit of {time_limit:g} s reached: stopping; the rows done so far are kept")
-                        break
-            finally:
-                if bar is not None:
-                    bar.close()
-    frames = [f for f in (have, _normalise(pd.DataFrame(new)) if new else None) if f is not None and len(f)]
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if len(df):
-        ok = df.error == ""
-        df = df.assign(_ok=ok.to_numpy(), _pos=range(len(df))).sort_values(["_ok", "_pos"])
-        df = df.drop_duplicates("row_key", keep="last")
-        df = df.assign(_order=[grid.index(k) for k in df.row_key]).sort_values("_order")
-        df = df.drop(columns=["_ok", "_pos", "_order"]).reset_index(drop=True)
-    if store is not None:
-        if new:
-            store.finish(df)
-        store.close()
+                        bar.close()
+                # the table is written before the runner closes, so a caller's own deadline loses no finished row
+                df = _table(have, new, grid, store)
+        else:
+            df = _table(have, new, grid, store)
+    finally:
+        if store is not None:
+            store.close()
+    assert df is not None
     left = len(grid) - int((df.error == "").sum()) if len(df) else len(grid)
     if left:
         say(f"{left} rows not done yet (failed or not reached): run the same command again to compute them")
@@ -153,6 +152,22 @@ def sweep(
         "seconds": time.perf_counter() - t0,
         "run_id": run_id,
     }
+    return df
+
+
+def _table(have: pd.DataFrame, new: list[dict[str, Any]], grid: Grid, store: ResultStore | None) -> pd.DataFrame:
+    """The rows of the output before this run and of this run, one per row key (a finished row over a failed one),
+    in the grid's order; written to `store` (atomically) when this run added rows."""
+    frames = [f for f in (have, _normalise(pd.DataFrame(new)) if new else None) if f is not None and len(f)]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if len(df):
+        ok = df.error == ""
+        df = df.assign(_ok=ok.to_numpy(), _pos=range(len(df))).sort_values(["_ok", "_pos"])
+        df = df.drop_duplicates("row_key", keep="last")
+        df = df.assign(_order=[grid.index(k) for k in df.row_key]).sort_values("_order")
+        df = df.drop(columns=["_ok", "_pos", "_order"]).reset_index(drop=True)
+    if store is not None and new:
+        store.finish(df)
     return df
 
 
