@@ -3,8 +3,8 @@
 # benchmark suite. Results land under $OUT (pytest.log, bench.log, timings CSV). Usage: bash scripts/gpu_run.sh [configs-json]
 # Knobs (env): TESTS, TEST_K, TEST_TIMEOUT, TEST_WORKERS, SUITE, PLANNERS, BACKENDS, PRECISIONS, BENCH_TIMEOUT.
 # Test modules that import packages the GPU machine lacks (ipywidgets, nbformat: the widget and notebook tests, none of
-# them GPU tests) fail to collect there and are skipped; every GPU test runs. The whole GPU suite takes ~8 min on an H100
-# (TESTS=tests TEST_TIMEOUT=560). The device returns at most 8 files from $OUT per call (2026-12-06: a ninth, tenth and
+# them GPU tests) fail to collect there and are skipped; every GPU test runs. The whole GPU suite (130 tests) took ~8 min in one process on an
+# H100 on 2026-12-05; it has 234 now: TEST_WORKERS=8 TEST_TIMEOUT=560, and -v names each test that finished. The device returns at most 8 files from $OUT per call (2026-12-06: a ninth, tenth and
 # eleventh were left out): write long results (a study table) elsewhere and copy one file, or tar them.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 # compilation, which then runs on N cores (the tests time nothing, so sharing the GPU changes no result)
 XDIST=""
 if [ -n "${TEST_WORKERS:-}" ] && python3 -c "import xdist" 2>/dev/null; then XDIST="-n $TEST_WORKERS"; fi
-timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors $XDIST ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests/test_sm90_kernel.py tests/test_triton_kernels.py tests/test_timeline.py tests/test_timing_views.py tests/test_reference.py} 2>&1 | tee "$OUT/pytest.log"
+timeout ${TEST_TIMEOUT:-170} python3 -m pytest -v -rfE --durations=30 -p no:cacheprovider -m gpu --continue-on-collection-errors $XDIST ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests} 2>&1 | tee "$OUT/pytest.log"
 CONFIGS=${1:-'[{}]'}
 timeout ${BENCH_TIMEOUT:-380} python3 -m mlalab bench --suite "${SUITE:-competition}" --triton-configs "$CONFIGS" \
   --planners "${PLANNERS:-simple}" --backends "${BACKENDS:-triton,flashmla,flashinfer,reference-torch}" \
