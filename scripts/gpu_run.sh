@@ -2,10 +2,11 @@
 # Run on the H200 device machine from the repo root: install the carried peer wheels, run the GPU tests, then the
 # benchmark suite. Results land under $OUT (pytest.log, bench.log, timings CSV). Usage: bash scripts/gpu_run.sh [configs-json]
 # Knobs (env): TESTS, TEST_K, TEST_TIMEOUT, TEST_WORKERS, SUITE, PLANNERS, BACKENDS, PRECISIONS, BENCH_TIMEOUT.
-# Test modules that import packages the GPU machine lacks (ipywidgets, nbformat: the widget and notebook tests, none of
-# them GPU tests) fail to collect there and are skipped; every GPU test runs. The whole GPU suite (130 tests) took ~8 min in one process on an
-# H100 on 2026-12-05; it has 234 now: TEST_WORKERS=8 TEST_TIMEOUT=560, and -v names each test that finished. The device returns at most 8 files from $OUT per call (2026-12-06: a ninth, tenth and
-# eleventh were left out): write long results (a study table) elsewhere and copy one file, or tar them.
+# Test modules that import packages the GPU machine lacks (ipywidgets, nbformat: the widget and notebook tests, none
+# of them GPU tests) fail to collect there and are skipped; every GPU test runs. The whole GPU suite (130 tests) took
+# ~8 min in one process on an H100 on 2026-12-05; it has 234 now: TEST_WORKERS=8 TEST_TIMEOUT=560, and -v names each
+# test that finished. The device returns at most 8 files from $OUT per call (2026-12-06: a ninth, tenth and eleventh
+# were left out): write long results (a study table) elsewhere and copy one file, or tar them.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
