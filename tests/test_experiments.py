@@ -159,3 +159,11 @@ def test_gpu_scripts_provenance_needs_a_gpu() -> None:
     else:
         with pytest.raises(RuntimeError, match="needs a GPU"):
             provenance()
+
+
+def test_experiments_are_listed_by_date_whatever_the_device(tmp_path: Path) -> None:
+    for n in ("h200_2026-12-10_c.csv", "h100_2026-12-06_b.csv", "h200_2026-12-02_a10.csv", "h200_2026-12-02_a9.csv"):
+        (tmp_path / n).write_text("B,L\n")
+    assert list_experiments(str(tmp_path)) == [
+        "h200_2026-12-02_a9.csv", "h200_2026-12-02_a10.csv", "h100_2026-12-06_b.csv", "h200_2026-12-10_c.csv"
+    ]  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -80,7 +81,13 @@ def list_experiments(directory: str = AB_DIR) -> list[str]:
     """File names of the recorded experiments (``*.csv`` in data/ab) in name order: by date, then name (numbers by
     value)."""
     files = glob.glob(os.path.join(directory, "*.csv"))
-    return sorted((os.path.basename(f) for f in files), key=natural_key)
+    return sorted((os.path.basename(f) for f in files), key=lambda n: (_date_of(n), natural_key(n)))
+
+
+def _date_of(name: str) -> str:
+    """The ``YYYY-MM-DD`` in a recorded file's name (``<device>_<date>_<what>.csv``), '' where there is none."""
+    m = re.search(r"\d{4}-\d{2}-\d{2}", name)
+    return m.group(0) if m else ""
 
 
 def load_experiment(name: str, directory: str = AB_DIR) -> pd.DataFrame:
