@@ -71,7 +71,8 @@ def sweep(
     `distributed.Client` (see `mlalab.accuracy.executors`). `chunk_rows`: most rows per task (default: one task per
     case). `progress` None shows a bar for grids over 8 rows. `on_chunk(done, total)` is called after each task;
     `log` receives one-line notes (executor, resume, failures; default: none). `time_limit` (seconds): take no
-    new task's results after it and stop; the rows done so far are written (a bounded call, e.g. on a lent GPU).
+    new task's results after it and stop, ending the tasks in flight (a process pool's workers) rather than waiting
+    for them; the rows done so far are written first (a bounded call, e.g. on a lent GPU).
 
     With `out` (.csv or .parquet): rows already there are skipped, each finished task is appended atomically to
     ``<out>.parts/`` and the whole table is written to `out` at the end; a row whose evaluation raised is kept
