@@ -26,6 +26,8 @@ def _command_modules() -> list:
         try:
             mods.append(importlib.import_module(f"{commands.__name__}.{info.name}"))
         except ModuleNotFoundError as e:
+            if (e.name or "mlalab").partition(".")[0] == "mlalab":
+                raise  # our own module missing is a bug, not an optional package
             mods.append(_missing_dependency(info.name, e))
     return sorted(mods, key=lambda m: getattr(m, "ORDER", 100))
 

@@ -20,9 +20,9 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export FLASHINFER_CUDA_ARCH_LIST="9.0a" FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-# TEST_WORKERS=N runs the tests in N processes (pytest-xdist, in the device image; tests/conftest.py gives each cores // N
-# torch threads, or the fp64 CPU oracles thrash): a cold GPU run is mostly kernel
-# compilation, which then runs on N cores (the tests time nothing, so sharing the GPU changes no result)
+# TEST_WORKERS=N runs the tests in N processes (pytest-xdist, in the device image; tests/conftest.py gives each
+# cores // N torch threads, or the fp64 CPU oracles thrash): a cold GPU run is mostly kernel compilation, which then
+# runs on N cores (the tests time nothing, so sharing the GPU changes no result)
 XDIST=""
 if [ -n "${TEST_WORKERS:-}" ] && python3 -c "import xdist" 2>/dev/null; then XDIST="-n $TEST_WORKERS"; fi
 timeout ${TEST_TIMEOUT:-170} python3 -m pytest -v -rfE --durations=30 -p no:cacheprovider -m gpu --continue-on-collection-errors $XDIST ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests} 2>&1 | tee "$OUT/pytest.log"

@@ -140,3 +140,9 @@ def test_a_command_whose_dependency_is_missing_names_it_and_the_others_run() -> 
     assert r.returncode == 2 and "'report' command needs the Python package 'plotly'" in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-c", code, "sweep", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--kv-schemes" in r.stdout, r.stderr
+
+
+def test_a_missing_module_of_mlalab_itself_is_not_called_an_optional_dependency() -> None:
+    code = "import sys; sys.modules['mlalab.report'] = None; from mlalab.__main__ import main; main(['--help'])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr and "unavailable" not in r.stdout, r.stderr

@@ -78,8 +78,8 @@ def _precision(df: pd.DataFrame) -> str:
 
 
 def list_experiments(directory: str = AB_DIR) -> list[str]:
-    """File names of the recorded experiments (``*.csv`` in data/ab) in name order: by date, then name (numbers by
-    value)."""
+    """File names of the recorded experiments (``*.csv`` in data/ab) ordered by the date in the name, then by name
+    (numbers by value), whatever the device prefix."""
     files = glob.glob(os.path.join(directory, "*.csv"))
     return sorted((os.path.basename(f) for f in files), key=lambda n: (_date_of(n), natural_key(n)))
 
