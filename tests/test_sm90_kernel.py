@@ -71,31 +71,58 @@ def test_refusals_name_the_reason() -> None:
         Decoder(prepare(x, "bf16"), plan)
 
 
-@pytest.mark.parametrize("q_len", [1, 2, 4])
+@pytest.mark.parametrize(("q_len", "per"), [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)])
 @pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
-def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, planner: str) -> None:
+def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, per: int, planner: str) -> None:
+    """`per` q rows a kernel work (1, or 2: both in the wgmmas' N): every (work, group of rows) exactly once, CTA
+    c·G + g running group g of slot c's works in the plan's order."""
     x = make_inputs(DecodeCase(kv_lens=(0, 700, 65, 3000, 1), q_len=q_len))
     plan = make_plan(planner, x.qo_indptr, x.kv_indptr, 6)
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
-    cta_indptr, rows = host.row_passes(plan.work_indptr, wi)
-    assert cta_indptr.numel() == plan.num_cus * q_len + 1 and int(cta_indptr[-1]) == rows.shape[0]
-    assert ((rows[:, 3] - rows[:, 2]) == 1).all()  # one q row per kernel work
-    # every (work, q row) exactly once: same request and KV range, q row qs + r, partial row loc + r (or -1)
+    cta_indptr, rows = host.row_passes(plan.work_indptr, wi, per)
+    G = q_len // per
+    assert cta_indptr.numel() == plan.num_cus * G + 1 and int(cta_indptr[-1]) == rows.shape[0]
+    assert ((rows[:, 3] - rows[:, 2]) == per).all()  # `per` q rows per kernel work
+    # every (work, group) exactly once: same request and KV range, q rows from qs + g·per, partial rows likewise
     want = set()
     for w in range(wi.shape[0]):
         b, loc, qs, qe, ks, ke = (int(v) for v in wi[w, :6])
-        want |= {(b, loc + r if loc >= 0 else -1, qs + r, ks, ke) for r in range(qe - qs)}
+        want |= {(b, loc + g * per if loc >= 0 else -1, qs + g * per, ks, ke) for g in range((qe - qs) // per)}
     got = [(int(r[0]), int(r[1]), int(r[2]), int(r[4]), int(r[5])) for r in rows]
     assert len(got) == len(set(got)) and set(got) == want
-    # CTA c·q_len + r runs row r of slot c's works, in the plan's order
     for c in range(plan.num_cus):
         works = wi[int(plan.work_indptr[c]) : int(plan.work_indptr[c + 1])]
-        for r in range(q_len):
-            mine = rows[int(cta_indptr[c * q_len + r]) : int(cta_indptr[c * q_len + r + 1])]
-            assert mine[:, 2].tolist() == (works[:, 2] + r).tolist()
+        for g in range(G):
+            mine = rows[int(cta_indptr[c * G + g]) : int(cta_indptr[c * G + g + 1])]
+            assert mine[:, 2].tolist() == (works[:, 2] + g * per).tolist()
             assert mine[:, 4].tolist() == works[:, 4].tolist()
-    if q_len == 1:  # the plan's own tables
+    if G == 1:  # the plan's own tables
         assert torch.equal(cta_indptr, plan.work_indptr) and torch.equal(rows, wi)
+
+
+def test_rows_per_cta_two_on_the_fp8_path_with_even_rows_only() -> None:
+    """Two q rows a work (both in the wgmmas' N) where every work covers an even number of rows on the fp8 path, not on
+    the 16-bit and fp4 paths, not with a token table; `row_passes` refuses a split it cannot make."""
+    for q_len, prec, want in ((2, "a8w8", 2), (4, "a8w8", 2), (1, "a8w8", 1), (2, "bf16", 1), (2, "a16w8", 1),
+                              (4, "a8w4-mxfp4", 1), (3, "a8w8", 1)):  # fmt: skip
+        x = make_inputs(DecodeCase(kv_lens=(0, 700, 65), q_len=q_len))
+        plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 6)
+        wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
+        assert host.rows_per_cta_of(prepare(x, prec), wi[:, 3] - wi[:, 2]) == want, (q_len, prec)
+        assert host.rows_per_cta_of(prepare(x, prec), x.qo_indptr.diff()) == want, (q_len, prec)  # (per request)
+    tok = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2, page_size=1, permute_pages=True))
+    assert host.tokens(prepare(tok, "a8w8"))
+    twi = token_work_info(make_plan("simple", tok.qo_indptr, tok.kv_indptr, 4), tok.kv_indptr, tok.kv_last_page_len)
+    assert host.rows_per_cta_of(prepare(tok, "a8w8"), twi[:, 3] - twi[:, 2]) == 1
+    p8 = prepare(make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2)), "a8w8")
+    assert host.rows_per_cta_of(p8, torch.tensor([1, 2])) == 1  # (one odd count: one row a CTA)
+    assert host.rows_per_cta_of(p8, torch.tensor([0, 0])) == 1 and host.rows_per_cta_of(p8, torch.tensor([0, 2])) == 2
+    x = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=3))
+    plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
+    with pytest.raises(ValueError, match="multiple of rows_per_cta=2"):
+        host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 2)
+    with pytest.raises(ValueError, match="rows_per_cta must be 1 or 2"):
+        host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 4)
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -261,7 +288,8 @@ def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
 @pytest.mark.parametrize("triton_copy", ["environment", "h200"])
 def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
     """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
-    hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables): the path's wgmmas
+    hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables, two q rows a work on
+    the fp8 path): the path's wgmmas
     (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory (but one register of the paged e4m3
     route on Triton 3.6, outside the tile loop), within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's
     conversion free of bank conflicts, one 8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
@@ -279,20 +307,28 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "                                                         ('v-conv', 16))]  # page by page\n"
         "runs += [(p, True, None, 0, 0, None, 1) for p in ('v-regs', 'v-tile', 'v-conv')]  # token tables\n"
         "runs += [('v-regs', True, 2, 0, 0, None, 1)]  # (token tables with a deferred ring fill, as launched)\n"
-        "for path, mask, fb, tl, ab, prec, pg in runs:\n"
+        "runs = [(*r, 1) for r in runs]\n"
+        "runs += [('v-regs', m, None, 0, 0, None, pg, 2) for m, pg in ((False, None), (True, None), (True, 16))]\n"
+        "for path, mask, fb, tl, ab, prec, pg, rw in runs:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
-        "                       page=pg)\n"
+        "                       page=pg, rows=rw)\n"
         "    gmma = sum(n for k, n in r.sass.items() if 'GMMA' in k)\n"
         "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
         "    print('R', path, int(mask), fb or 0, tl, ab, r.registers, r.stack_bytes, local, r.shared_bytes,\n"
         "          ','.join(map(str, r.bank_conflicts)) or '-', gmma, r.sass.get('STG.E.64', 0),\n"
-        "          r.sass.get('MUFU.LG2', 0))\n"
+        "          r.sass.get('MUFU.LG2', 0), rw)\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 29, out
-    for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2 in rows:
+    assert len(rows) == 32, out
+    for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2, rw in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
-        if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
+        if rw == "2":
+            # two q rows in the wgmmas' N: Oᵀ (512 x 32) takes 128 of a thread's 255 registers; Triton 3.6 spills
+            # 16-24 bytes (3.9: 24-32) of scalars, 9-18 local loads and stores in all, at most 4 of them in the tile
+            # loop (q's wgmma descriptors recomputed each tile: kept across it, 3.6 spilled 168-184 bytes, ~40 local
+            # loads and stores a tile). More is a regression.
+            assert int(stack) <= 32 and int(local) <= 20, out
+        elif path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
             # Triton 3.6 spills one register of the paged e4m3 route: stored once before the tile loop and loaded
             # once after each work's tiles (read in its SASS; 3.9 spills nothing). Anything more is a regression.
             assert int(stack) <= 8 and int(local) <= 2, out
@@ -374,7 +410,8 @@ def _peaked(x):  # noqa: ANN001, ANN202
     return dataclasses.replace(x, q=(x.q.float() * 3).to(x.q.dtype))
 
 
-def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: float = 0.0) -> float:  # noqa: ANN001
+def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: float = 0.0,  # noqa: ANN001
+           rows: int | None = None) -> float:  # fmt: skip
     """Run the sm_90 decoder on `p` (outputs poisoned first) and compare with the tiled oracle of its path on the
     same codes (`clean`: the same inputs without the NaN planted in unused page slots). Returns the rel-L2.
 
@@ -382,10 +419,11 @@ def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: 
     attention (a8w8 on unit-std inputs with q x 3: scores up to ~15, whose rounding the softmax amplifies; measured
     rel-L2 0.5-0.75 % and |dLSE| up to 0.008 at q_len 1 (H200) and 0.0145 at q_len 2 (H100), where a16w8 on the same
     inputs is within 4e-6): 1e-2 and 2e-2; `lse_rtol` adds a relative part for huge LSEs. (A lost split or a wrong
-    merge moves the LSE by ln 2 or more.)"""
+    merge moves the LSE by ln 2 or more.) `rows`: the q rows a CTA must run per work (`host.rows_per_cta_of`)."""
     dec = Decoder(p, plan, config=config)
     path, p_dtype = PATHS[p.precision.value]
     assert dec.ran == f"sm90:{path}", dec.sm90_reason
+    assert rows is None or dec.sm90.rows == rows, (dec.sm90.rows, rows)
     out, lse = _poisoned_run(dec)
     ref, ref_lse = tiled_decode(p if clean is None else clean, plan, p_dtype=p_dtype)
     live = ref.norm(dim=-1) > 0
@@ -509,8 +547,8 @@ def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: st
 @pytest.mark.parametrize("planner", list(PLANNERS))
 @pytest.mark.parametrize("precision", list(PATHS))
 def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precision: str) -> None:
-    """q_len 2 and 4 on the sm_90 kernel (row passes): ragged, empty and long requests, every query row seeing its
-    request's whole KV; plans with SMs // q_len slots (all CTAs at once) and with 132 (q_len waves)."""
+    """q_len 2 and 4 on the sm_90 kernel (row passes; a8w8: two q rows a CTA, in the wgmmas' N): ragged, empty and
+    long requests, every query row seeing its request's whole KV; plans with SMs // q_len slots and with 132."""
     from mlalab.backends.triton import build_plan
 
     for lens, dist in [(tuple(ragged_kv_lens(9, 700, seed=3)), "unit"), ((0, 130, 5, 4096), "competition"),
@@ -518,16 +556,43 @@ def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precisio
         x = make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, seed=5, dist=dist)).to("cuda")
         x = _peaked(x) if dist == "unit" else x
         for slots in (132 // q_len, 132):
-            _check(prepare(x, precision), build_plan(x, planner, slots), peaked=dist == "unit")
+            _check(prepare(x, precision), build_plan(x, planner, slots), peaked=dist == "unit",
+                   rows=2 if precision == "a8w8" else 1)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize(("q_len", "page"), [(2, 16), (2, 64), (4, 16), (4, 64)])
+def test_gpu_two_rows_a_cta_paged_with_nan_and_many_works(q_len: int, page: int) -> None:
+    """a8w8 with two q rows a CTA on the paths a contiguous batch does not take: permuted pages of 16 (a box per
+    page) and 64 tokens with NaN in every unused slot (tails zeroed in shared memory), split works, and plans on a few
+    slots (CTAs with many works: the 32-row q buffers reused, works without tiles)."""
+    from mlalab.backends.triton import build_plan
+
+    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
+    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=page, permute_pages=True, seed=9,
+                                       dist="unit"))).to("cuda")  # fmt: skip
+    p = prepare(x, "a8w8")
+    clean = dataclasses.replace(p, kv=p.kv.clone())
+    kv = p.kv.view(-1, page, p.kv.shape[-1])
+    pages = x.kv_indices.long()
+    for b in range(len(lens)):
+        s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
+        if e > s:
+            kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(torch.uint8).fill_(0x7F)  # NaN codes
+    for planner, slots, knobs in (("simple", 132 // (q_len // 2), {"block": 1}), ("balanced", 132, {}),
+                                  ("balanced", 3, {})):  # fmt: skip
+        plan = build_plan(x, planner, slots, **knobs)
+        _check(p, plan, clean, peaked=True, rows=2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("q_len", [1, 2, 4])
 def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
-    """The triton backend's default plan where the sm_90 kernel runs: SMs // q_len slots, and works of one 64-token
-    tile counted in pages at page size 64 (16 requests of 16 pages make more works than requests at every q_len:
-    at q_len 4, 33 slots)."""
+    """The triton backend's default plan where the sm_90 kernel runs: SMs // (q_len / 2) slots for a8w8 (two q rows a
+    CTA), and works of one 64-token tile counted in pages at page size 64 (16 requests of 16 pages make more works
+    than requests at every q_len: at q_len 4, 66 slots); each CTA runs two rows at q_len 2 and 4."""
     from mlalab.backends.triton import make_callable
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -535,7 +600,8 @@ def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
                                        dist="unit")).to("cuda"))  # fmt: skip
     call, info = make_callable(x, precision="a8w8")
     plan = info["plan"]
-    assert plan.num_cus == sms // q_len and plan.n_work > 16 and info["decoder"].ran == "sm90:v-regs"
+    assert plan.num_cus == sms // max(1, q_len // 2) and plan.n_work > 16 and info["decoder"].ran == "sm90:v-regs"
+    assert info["decoder"].sm90.rows == min(q_len, 2)
     out = call(0)
     ref, _ = tiled_decode(info["prepared"], plan, p_dtype=torch.float8_e4m3fn)
     assert rel(out, ref) <= 1e-2 and rel(mean_v(info["prepared"]), ref) > 0.1

@@ -108,12 +108,14 @@ def make_callable(
         plan_knobs["block"] = max(1, SIMPLE_PLAN_BLOCK // inputs.page_size)
     if plan is None:
         if num_cus is None and sm90:
-            # the sm_90 kernel runs a slot's q rows on q_len CTAs side by side (`row_passes`), the e4m3 route two CTAs
-            # an SM on large batches (`ctas_per_sm`): SMs x that // q_len slots
+            # the sm_90 kernel runs a slot's q rows on CTAs side by side, 1 or 2 rows each (`row_passes`), the e4m3
+            # route two CTAs an SM on large batches (`ctas_per_sm`): SMs x that // CTAs a slot
             q_rows = int(inputs.qo_indptr.diff().max()) if inputs.batch else 1
+            per = sm90_host.rows_per_cta_of(prep, inputs.qo_indptr.diff(), p_fp8=cfg.p_fp8)  # (as the decoder decides)
+            ctas = max(1, q_rows // per)
             kv_tokens = int(inputs.kv_lens.sum()) if inputs.batch else 0
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            num_cus = max(1, sms * sm90_host.ctas_per_sm(prep, kv_tokens, p_fp8=cfg.p_fp8) // max(1, q_rows))
+            num_cus = max(1, sms * sm90_host.ctas_per_sm(prep, kv_tokens, p_fp8=cfg.p_fp8) // ctas)
         plan = build_plan(inputs, planner, num_cus, **plan_knobs)
     dec = Decoder(prep, plan, config=cfg, out_dtype=out_dtype, pv_exact=pv_exact, sm_scale=sm_scale)
     # what ran, for the timing records: the kernel config, the plan options a caller gave, the plan, the kernel path

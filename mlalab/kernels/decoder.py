@@ -139,13 +139,15 @@ class Decoder:
         #: the reduce is a programmatic dependent launch of the sm_90 stage 1 (its launch overlaps stage 1)
         self.use_pdl = sm90 and config.pdl and portable.gdc_wait is not None
         self._reduce_launch = self._gluon_reduce(most) if part_dtype == torch.float16 else self._triton_reduce(most)
-        #: the sm_90 stage 1 (None on the portable path); it runs one q row per work (`sm90.host.row_passes`)
+        #: the sm_90 stage 1 (None on the portable path); it runs one or two q rows per work (in the wgmmas' N)
+        #: (`sm90.host.row_passes`, `sm90.host.rows_per_cta_of`)
         self.sm90 = None
         if sm90:
-            cta_indptr, row_info = sm90_host.row_passes(plan.work_indptr, work_info)
+            rows = sm90_host.rows_per_cta_of(prepared, work_info[:, 3] - work_info[:, 2], p_fp8=config.p_fp8)
+            cta_indptr, row_info = sm90_host.row_passes(plan.work_indptr, work_info, rows)
             self.work_info = row_info.to(dev)
             self.sm90 = sm90_host.Sm90Stage1(prepared, cta_indptr, row_info, launch_dependents=self.use_pdl,
-                                             p_fp8=config.p_fp8)  # fmt: skip
+                                             p_fp8=config.p_fp8, rows_per_cta=rows)  # fmt: skip
 
     def _gluon_reduce(self, most: int) -> Callable[[], None]:
         from .sm90 import reduce as R

@@ -133,7 +133,7 @@ FP4_BUILDS = {"a16w4-mxfp4": ("bfloat16", 1), "a8w4-mxfp4": ("float8_e4m3fn", 1)
 
 def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst: int | None = None,
                    timeline: bool = False, ablate: int = 0, precision: str | None = None,
-                   page: int | None = None) -> BuildReport:  # fmt: skip
+                   page: int | None = None, rows: int = 1) -> BuildReport:  # fmt: skip
     """Compile the sm_90 stage 1 (`stage1.stage1_kernel`) on `path` (``"v-regs"``: fp8 q and KV, ``"v-tile"``: bf16,
     ``"v-conv"``: bf16 q and fp8 KV, ``"v-fp4"``: fp4 KV of `precision`, one of `FP4_BUILDS`, default
     ``a16w4-mxfp4``; ``"v-fp4-e4m3"``: fp8 q with MXFP4 KV on the e4m3 route) for sm_90, as the decoder launches
@@ -141,7 +141,8 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     ``mask_tail``: a paged cache's tail masking; ``first_burst``: the ring tiles issued at the start (None: the whole
     ring); ``timeline`` / ``ablate``: the measurement hooks (the kernel's ``TIMELINE``, ``ABLATE``); ``page``: 16 or
     32 to build the page-by-page tile loads of such caches, 1 for a token table's rows by cp.async (with
-    ``mask_tail``, as the decoder launches them; not on the fp4 paths), None for whole-tile loads."""
+    ``mask_tail``, as the decoder launches them; not on the fp4 paths), None for whole-tile loads; ``rows``: q rows
+    per work, 1 or 2 (in the wgmmas' N: speculative decode on the fp8 path, `host.rows_per_cta_of`)."""
     import torch
     from triton.runtime.driver import driver
 
@@ -156,6 +157,8 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     if ablate not in (0, 1, 2) or isinstance(ablate, bool) or (ablate and path != "v-regs"):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV; fp8 path only), "
                          f"got {ablate!r} on {path}")  # fmt: skip
+    if rows not in (1, 2) or isinstance(rows, bool) or (rows == 2 and (path != "v-regs" or page == 1)):
+        raise ValueError(f"rows must be 1, or 2 on v-regs without a token table, got {rows!r} on {path}")
     if path == "v-fp4":
         precision = "a16w4-mxfp4" if precision is None else precision
         if precision not in FP4_BUILDS:
@@ -185,9 +188,9 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     # a fresh cache: a cached kernel would skip static_print (gl.static_print: the bank-conflict counts)
     with _fresh_triton_cache(), contextlib.redirect_stdout(printed):
         ck = S.stage1_kernel.warmup(
-            *S.make_descriptors(q, kv, 16, page if page and page > 1 else S.BLOCK_N), i32(132 * INFO_COLS),
+            *S.make_descriptors(q, kv, 16 * rows, page if page and page > 1 else S.BLOCK_N), i32(132 * INFO_COLS),
             i32(8 * 8), i32(64), out, lse, po, pl, one, one, scales, 4096 if kv_fp4 else 0, kv, 0.04,
-            torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16, D_NOPE=512, D_ROPE=64,
+            torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16 * rows, D_NOPE=512, D_ROPE=64,
             BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
             LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4,
             FP4_E4M3=path == "v-fp4-e4m3", TOKENS=page == 1, TIMELINE=timeline,

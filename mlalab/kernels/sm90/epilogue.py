@@ -43,6 +43,25 @@ _O_STORE = gl.DistributedLinearLayout(
 )
 
 
+@constexpr_function
+def _o_store(nq):  # noqa: ANN001, ANN202
+    """`_O_STORE` for `nq` columns (16 heads per q row, all in one warpgroup's accumulator: the further registers hold
+    columns 16, 32 ..)."""
+    nq = int(getattr(nq, "value", nq))
+    if nq == 16:
+        return _O_STORE
+    extra = [[0, 16 << i] for i in range((nq // 16).bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=_O_STORE.reg_bases + extra, lane_bases=_O_STORE.lane_bases,
+                                      warp_bases=_O_STORE.warp_bases, block_bases=[],
+                                      shape=[512, nq])  # fmt: skip
+
+
+@constexpr_function
+def _o_natural_shape(nq):  # noqa: ANN001, ANN202
+    """`O_TO_NATURAL_64`'s factor shape for `nq` columns (the columns are its last factor, left in place)."""
+    return gl.constexpr(tuple(O_TO_NATURAL_64.value[0][:-1]) + (int(getattr(nq, "value", nq)),))
+
+
 @gluon.jit
 def _lg2_approx(x):
     """log2 on the SFU (``MUFU.LG2``, |error| < 2^-22 here): ``gl.log2`` compiles to a ~25-instruction software log."""
@@ -85,10 +104,11 @@ def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, pa
     o = o * scale[None, :]
     if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
         # relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E) (`vpaths._pv_operand`)
-        o_nat = o.reshape(O_TO_NATURAL_64[0]).permute(O_TO_NATURAL_64[1]).reshape([D_NOPE, NQ])
-        ob = gl.convert_layout(o_nat, _O_STORE)
-        offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, _O_STORE))
-        offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, _O_STORE))
+        o_nat = o.reshape(_o_natural_shape(NQ)).permute(O_TO_NATURAL_64[1]).reshape([D_NOPE, NQ])
+        OS: gl.constexpr = _o_store(NQ)
+        ob = gl.convert_layout(o_nat, OS)
+        offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, OS))
+        offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, OS))
         base = qo_start.to(gl.int64) * H
         gl.store(OUT + (base + offs_n[None, :]) * D_NOPE + offs_d[:, None], ob.to(OUT.dtype.element_ty))
         gl.store(OUT_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)
@@ -154,21 +174,22 @@ def _columns_first(layout):  # noqa: ANN001, ANN202
 @gluon.jit
 def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.constexpr, D_NOPE: gl.constexpr,
                               NQ: gl.constexpr):  # fmt: skip
-    """A partial stored head-minor, rows ``base .. base + NQ`` of PART_LSE and element (d, n) of the partial at
-    ``PART_O[base·D_NOPE + d·NQ + n]`` ((rows, 512, 16), what the reduces read), straight from the wgmma accumulator.
-    Row m goes to the value dim whose bits `ROW_BITS` gives.
+    """A partial stored head-minor, rows ``base .. base + NQ`` of PART_LSE and element (d, n = 16 r + h) of q row r's
+    partial at ``PART_O[(base + 16 r)·D_NOPE + 16 d + h]`` ((rows, 512, 16), what the reduces read), straight from the
+    wgmma accumulator. Row m goes to the value dim whose bits `ROW_BITS` gives.
 
     fp32: a thread holds 2 adjacent heads of a row (one 8-byte store) and a warp instruction fills 8 whole 32-byte
     sectors. fp16: that order would write half sectors, so the heads go in the column order
     `portable.HEAD_MINOR_COLUMN` (head 8j + 2i + b at column 4i + 2j + b, the LSEs too): a thread's 4 heads are one
     8-byte store per row, a quad of lanes a whole 32-byte row."""
+    gl.static_assert(NQ == 16 or NQ == 32, "one or two q rows of 16 heads")
+    R: gl.constexpr = NQ // 16  # q rows: row r's partial is partial row base / 16 + r
     offs_l = gl.arange(0, NQ, layout=lse.type.layout)
     if PART_O.dtype.element_ty == gl.float16:
-        gl.static_assert(NQ == 16, "the fp16 partials' column order is written for 16 heads")
         # a relabelling (register and lane bits change places in the layout): column 4i + 2j + b <- head 8j + 2i + b
-        o = o.reshape([D_NOPE, 2, 4, 2]).permute([0, 2, 1, 3]).reshape([D_NOPE, NQ])
+        o = o.reshape([D_NOPE, R, 2, 4, 2]).permute([0, 1, 3, 2, 4]).reshape([D_NOPE, NQ])
         o = gl.convert_layout(o, _columns_first(o.type.layout))  # (registers renamed: one 8-byte vector per row)
-        lse_at = 4 * ((offs_l >> 1) & 3) + 2 * (offs_l >> 3) + (offs_l & 1)
+        lse_at = (offs_l & ~15) + 4 * ((offs_l >> 1) & 3) + 2 * ((offs_l >> 3) & 1) + (offs_l & 1)
     else:
         lse_at = offs_l
     L: gl.constexpr = o.type.layout
@@ -177,5 +198,10 @@ def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.const
     for i in gl.static_range(9):
         d = d | (((offs_m >> i) & 1) << ROW_BITS[i])
     offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, L))
-    gl.store(PART_O + base * D_NOPE + d[:, None] * NQ + offs_n[None, :], o.to(PART_O.dtype.element_ty))
+    if R == 1:
+        ptrs = PART_O + base * D_NOPE + d[:, None] * NQ + offs_n[None, :]
+    else:  # column n = 16 r + c: row r's (512, 16) partial, column c, at (base + 16 r)·512 + 16 d + c; written as
+        # n + r·(16·512 - 16) so the compiler sees runs of 16 consecutive columns (8-byte vector stores)
+        ptrs = PART_O + base * D_NOPE + d[:, None] * 16 + (offs_n + (offs_n // 16) * (16 * D_NOPE - 16))[None, :]
+    gl.store(ptrs, o.to(PART_O.dtype.element_ty))
     gl.store(PART_LSE + base + lse_at, lse)

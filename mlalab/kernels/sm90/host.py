@@ -17,7 +17,8 @@ from ..prepare import PreparedInputs
 
 __all__ = ["PATHS", "path_of", "SUB_TILE_PAGES", "tokens",
            "RING", "FIRST_BURST",
-           "INFO_COLS", "unsupported", "import_error", "row_passes", "kv_box", "tile_stream", "cta_info",
+           "INFO_COLS", "unsupported", "import_error", "row_passes", "rows_per_cta_of", "kv_box", "tile_stream",
+           "cta_info",
            "first_burst", "Sm90Stage1"]  # fmt: skip
 
 #: The path each precision takes through stage 1 (`vpaths`): how V reaches the value product.
@@ -106,35 +107,42 @@ def unsupported(
     return import_error()
 
 
-def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cta_indptr, row_work_info)`` on the CPU: the plan as the sm_90 kernel runs it, one q row per work.
+def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
+               rows_per_cta: int = 1) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(cta_indptr, row_work_info)`` on the CPU: the plan as the sm_90 kernel runs it, `rows_per_cta` q rows per work
+    (1, or 2 where the kernel puts two q rows in the wgmmas' N: `rows_per_cta_of`).
 
-    A work of q rows ``[qs, qe)`` (speculative decode: q_len rows per request) becomes ``qe - qs`` works of one row
-    each, over the same KV range, writing the same outputs: row ``qs + r`` and, when the work is split, partial row
-    ``partial_qo_loc + r``. Plan slot ``c``'s works become ``R`` CTAs (``R`` = the most q rows of any work), CTA
-    ``c·R + r`` running row ``r`` of each of them: the R CTAs of a slot stream the same KV tiles side by side, so
-    the R reads of a tile are one read from HBM and R - 1 from L2, and each CTA's registers hold one row's
-    accumulator (16 heads) as at q_len 1. With ``slots·R`` <= the SM count all of them run at once (the backend's
-    default plan has ``SMs // q_len`` slots). At q_len 1 the tables are the plan's own."""
+    A work of q rows ``[qs, qe)`` (speculative decode: q_len rows per request) becomes ``(qe - qs) / P`` works of
+    ``P = rows_per_cta`` rows each, over the same KV range, writing the same outputs: rows ``qs + g·P ..`` and, when
+    the work is split, partial rows ``partial_qo_loc + g·P ..``. Plan slot ``c``'s works become ``G`` CTAs (``G`` =
+    the most row groups of any work), CTA ``c·G + g`` running group ``g`` of each of them: the G CTAs of a slot stream
+    the same KV tiles side by side, so the G reads of a tile are one read from HBM and G - 1 from L2. With
+    ``slots·G`` <= the SM count all of them run at once (the backend's default plan has ``SMs // G`` slots). With one
+    group per work the tables are the plan's own."""
+    if type(rows_per_cta) is not int or rows_per_cta not in (1, 2):
+        raise ValueError(f"rows_per_cta must be 1 or 2, got {rows_per_cta!r}")
     wp = work_indptr.to("cpu", torch.int64)
     wi = work_info.to("cpu", torch.int64)
     n_cu = wp.numel() - 1
     rows = (wi[:, 3] - wi[:, 2]).clamp(min=0)
-    R = max(1, int(rows.max())) if rows.numel() else 1
-    if R == 1:
+    if bool((rows % rows_per_cta).any()):
+        raise ValueError(f"every work must cover a multiple of rows_per_cta={rows_per_cta} q rows")
+    groups = rows // rows_per_cta
+    G = max(1, int(groups.max())) if groups.numel() else 1
+    if G == 1 and bool((rows <= rows_per_cta).all()):
         return wp.to(torch.int32), wi.to(torch.int32).contiguous()
     cu = torch.repeat_interleave(torch.arange(n_cu), wp.diff())  # each work's plan slot
-    w = torch.repeat_interleave(torch.arange(wi.shape[0]), rows)  # a (work, row) pair per q row of every work
-    r = torch.arange(w.numel()) - torch.repeat_interleave(torch.cumsum(rows, 0) - rows, rows)
-    cta = cu[w] * R + r
+    w = torch.repeat_interleave(torch.arange(wi.shape[0]), groups)  # a (work, group) pair per row group of every work
+    g = torch.arange(w.numel()) - torch.repeat_interleave(torch.cumsum(groups, 0) - groups, groups)
+    cta = cu[w] * G + g
     order = torch.sort(cta * max(1, wi.shape[0]) + w).indices  # CTA-major, works in plan order inside a CTA
-    w, r, cta = w[order], r[order], cta[order]
+    w, g, cta = w[order], g[order], cta[order]
     out = wi[w].clone()
-    out[:, 1] = torch.where(out[:, 1] >= 0, out[:, 1] + r, out[:, 1])
-    out[:, 2] = wi[w, 2] + r
-    out[:, 3] = out[:, 2] + 1
-    cta_indptr = torch.zeros(n_cu * R + 1, dtype=torch.int64)
-    cta_indptr[1:] = torch.cumsum(torch.bincount(cta, minlength=n_cu * R), 0)
+    out[:, 1] = torch.where(out[:, 1] >= 0, out[:, 1] + g * rows_per_cta, out[:, 1])
+    out[:, 2] = wi[w, 2] + g * rows_per_cta
+    out[:, 3] = out[:, 2] + rows_per_cta
+    cta_indptr = torch.zeros(n_cu * G + 1, dtype=torch.int64)
+    cta_indptr[1:] = torch.cumsum(torch.bincount(cta, minlength=n_cu * G), 0)
     return cta_indptr.to(torch.int32), out.to(torch.int32).contiguous()
 
 
@@ -151,6 +159,15 @@ def ctas_per_sm(prepared: PreparedInputs, kv_tokens: int, p_fp8: bool = True) ->
         raise ValueError(f"kv_tokens must be >= 0, got {kv_tokens}")
     two = path_of(prepared, p_fp8=p_fp8) == "v-fp4-e4m3" and kv_tokens >= TWO_CTAS_FROM_TOKENS
     return 2 if two else 1
+
+
+def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True) -> int:
+    """q rows a CTA of the sm_90 kernel runs per work: 2 (in the wgmmas' N, sharing each tile's K and V operands) on
+    the fp8 path (``v-regs``) without a token table when every count in `q_rows` (the q rows of each work, or of each
+    request before a plan exists) is even and some is not 0 (q_len 2, 4); else 1."""
+    rows = q_rows.to("cpu", torch.int64)
+    even = rows.numel() > 0 and bool((rows % 2 == 0).all()) and bool((rows > 0).any())
+    return 2 if even and not tokens(prepared) and path_of(prepared, p_fp8=p_fp8) == "v-regs" else 1
 
 
 def tokens(prepared: PreparedInputs) -> bool:
@@ -240,7 +257,7 @@ class Sm90Stage1:
     q row per work, one row of `work_indptr` per CTA (`row_passes`)."""
 
     def __init__(self, prepared: PreparedInputs, work_indptr: torch.Tensor, work_info: torch.Tensor, *,
-                 launch_dependents: bool, p_fp8: bool = True) -> None:  # fmt: skip
+                 launch_dependents: bool, p_fp8: bool = True, rows_per_cta: int = 1) -> None:  # fmt: skip
         from . import stage1
 
         self.K = stage1
@@ -259,8 +276,10 @@ class Sm90Stage1:
         self.n_cu = int(work_indptr.numel() - 1)
         self.p = prepared
         self._descs: dict[tuple[int, int], tuple] = {}
+        #: q rows per work (`rows_per_cta_of`): all in the wgmmas' N of the one warpgroup
+        self.rows = rows_per_cta
         self.kw: dict[str, Any] = dict(
-            H=MLA.num_heads, NQ=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=BLOCK_N,
+            H=MLA.num_heads, NQ=MLA.num_heads * rows_per_cta, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=BLOCK_N,
             NUM_STAGES=self.stages, MASK_TAIL=not (prepared.contiguous and prepared.page_size == 1),
             LAUNCH_DEPENDENTS=launch_dependents, FIRST_BURST=first_burst(most, self.stages), REPORT=False,
             KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(prepared.spec.kv_format, 0), FP4_E4M3=self.path == "v-fp4-e4m3",
@@ -285,7 +304,7 @@ class Sm90Stage1:
                 self._empty_kv = kv  # (kept alive with its descriptor)
             # (a token table's rows come by cp.async: its descriptors only give the ring its layout)
             box = BLOCK_N if self.kv_box == 1 else self.kv_box
-            descs = self.K.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads, box)
+            descs = self.K.make_descriptors(q.reshape(-1, q.shape[-1]), kv, MLA.num_heads * self.rows, box)
             self._descs[key] = descs
         return descs
 

@@ -11,7 +11,7 @@ N dimension, so nothing is padded:
   on the operand types (`vpaths`): from registers (fp8), read transposed from the K tile (bf16), or from a bf16 copy
   of each fp8 tile (bf16 q with fp8 KV).
 
-Per CTA (one warpgroup of 4 warps; the grid is the plan's slots, one per SM): the works
+Per CTA (one warpgroup of 4 warps, for one or two q rows a work; the grid is the plan's slots, one per SM): the works
 ``work_info[work_indptr[c]:work_indptr[c+1]]`` are walked in order, their 64-token tiles flattened into one stream
 that a ring of ``NUM_STAGES`` TMA buffers prefetches across work boundaries (the host lists each CTA's tile start rows
 once per plan: ``TILE_ROWS``; its header ``CTA_INFO`` holds its work and tile ranges, its first q row and the rows of
@@ -40,8 +40,9 @@ Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) di
 or 32 tokens (one TMA box per page), or 64 rows of a token table (page size 1, any table: ``TOKENS``, the ring filled
 by cp.async, `_copy_token_rows`); the last two not with fp4 KV, whose block scales are read per tile; e4m3fn codes
 for fp8. The
-kernel runs one q row (16 heads) per work: a plan's works of q_len rows reach it as q_len works, one per CTA of a group
-streaming the same tiles (`host.row_passes`).
+kernel runs one q row (16 heads) per work, or on the fp8 path two (``NQ = 32``: both rows in the wgmmas' N, so each
+tile's K and V operands serve both): a plan's works of q_len rows reach it as works of one
+or two rows, one per CTA of a group streaming the same tiles (`host.row_passes`, `host.rows_per_cta_of`).
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def _work_row(info):
 
 @gluon.jit
 def _issue_q(qn_desc, qr_desc, qn_smem, qr_smem, q_bar, q_row, j, H: gl.constexpr):
-    """TMA the 16 head rows of q row `q_row` (the CTA's j-th work) into q buffer ``j % 2``."""
+    """TMA the NQ head rows of q rows `q_row` .. (the CTA's j-th work: 16 heads a q row) into q buffer ``j % 2``."""
     b = j % 2
     bar = q_bar.index(b)
     mbarrier.expect(bar, qn_desc.block_type.nbytes + qr_desc.block_type.nbytes)
@@ -224,9 +225,10 @@ def _stage1_kernel(
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
     num_warps: gl.constexpr,
 ):  # fmt: skip
-    gl.static_assert(num_warps * 16 == BLOCK_N, "one warpgroup per 64 tokens of a tile (4 warps x 16 rows)")
+    ROWS: gl.constexpr = NQ // H  # q rows per work, side by side in the wgmmas' N
+    gl.static_assert(H == 16 and NQ == H * ROWS and (ROWS == 1 or ROWS == 2), "one or two q rows of 16 heads a work")
+    gl.static_assert(num_warps == 4, "one warpgroup (4 warps, 64 tokens of a tile as M)")
     gl.static_assert(BLOCK_N == 64 and D_NOPE == 512, "the V layouts are written for 64-token tiles of 512 values")
-    gl.static_assert(NQ == 16 and H == 16, "one q row of 16 heads per work")
     KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth  # the KV as stored and TMA'd (the ring's type)
     gl.static_assert(not FP4_E4M3 or (KV_FP4 == 1 and qn_desc.dtype == gl.float8e4nv),
                      "the e4m3 route is for e4m3fn q with MXFP4 KV")  # fmt: skip
@@ -243,6 +245,8 @@ def _stage1_kernel(
     KV_CONVERT: gl.constexpr = (MMA_BITS == 16 and KV_BITS == 8) or FP4_E4M3
     gl.static_assert(not KV_FP4 or kn_desc.dtype == gl.uint8, "fp4 KV arrives as packed code bytes (uint8)")
     gl.static_assert(KV_BITS == MMA_BITS or KV_CONVERT, "q and KV of one type, bf16 q with fp8 KV, or fp4 KV")
+    gl.static_assert(ROWS == 1 or (V_IN_REGS and not KV_CONVERT and not TOKENS),
+                     "two q rows a work: the fp8 path (v-regs), its ring filled by TMA")  # fmt: skip
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the bf16 ring needs 2 stages")
     gl.static_assert(not V_FROM_K or ABLATE == 0, "ablations are written for the fp8 path")
@@ -278,8 +282,9 @@ def _stage1_kernel(
     gl.static_assert(SUB == 1 or not KV_FP4, "fp4 block scales are read per tile: pages of >= 64 tokens")
     sub_rows = TILE_ROWS + t_begin * SUB
 
-    # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the 4 warps along M, N = NQ (16 heads) per instruction
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the warpgroup's 4 warps along M, N = NQ (16 heads of each
+    # q row of the work) per instruction
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, NQ, 256 // MMA_BITS])  # fmt: skip
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
     # a row of Pᵀ: BLOCK_N tokens of the products' type (64 B in fp8, 128 B in bf16)
@@ -436,15 +441,25 @@ def _stage1_kernel(
                 # through the async one (right after the barrier wait instead, Triton 3.6's ptxas crashed)
                 fence_async_shared()
             # QK on the tensor cores, asynchronously ...
+            q_nt = q_nope_t
+            q_rt = q_rope_t
+            if ROWS == 2:
+                # the work's q buffer indexed afresh each tile, by qb + a value the compiler cannot fold (0): indexed
+                # once per work, the QK's wgmma descriptors of q were computed before the tile loop and stayed live
+                # through it, beside Oᵀ (512 x 32: 128 registers) and the V operand, and Triton 3.6 spilled them
+                # (168-184 B of local memory, 38-45 local loads / stores a tile; indexed here: 16-24 B, at most 2)
+                zq = (it < 0).to(gl.int32)
+                q_nt = qn_smem.index(qb + zq).permute((1, 0))
+                q_rt = qr_smem.index(qb + zq).permute((1, 0))
             if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
                 s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
             else:
-                s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
+                s_tok = warpgroup_mma(kn, q_nt, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
                                       is_async=True)  # fmt: skip
                 if KV_CONVERT:
-                    s_tok = warpgroup_mma(krb, q_rope_t, s_tok, is_async=True)
+                    s_tok = warpgroup_mma(krb, q_rt, s_tok, is_async=True)
                 else:
-                    s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
+                    s_tok = warpgroup_mma(kr_smem.index(s), q_rt, s_tok, is_async=True)
             # ... while the CUDA cores load this tile's V into the PV's A-operand registers (fp8 path)
             if V_IN_REGS:
                 v_op = _pv_operand(kn, DOT_A, REPORT)
@@ -486,7 +501,7 @@ def _stage1_kernel(
             else:
                 p_smem.index(pb).store(p.to(mma_type).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
             fence_async_shared()  # generic-proxy writes (Pᵀ) and reads (V from the K tile) before async ones
-            _cta_barrier()  # ... by all four warps: Pᵀ complete
+            _cta_barrier()  # ... by every warp: Pᵀ complete
 
             o_cur = o_cur * alpha[None, :]
             if ABLATE >= 2:  # ablation: no PV (and no V operand: the compiler drops its loads)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.runtime.jit import constexpr_function
 
 __all__ = ["V_TO_OPERAND_64", "P_TO_OPERAND"]
 
@@ -39,6 +40,20 @@ _V_REGS = gl.DistributedLinearLayout(
     shape=[64, 512],
 )
 
+
+@constexpr_function
+def _v_regs(num_warps):  # noqa: ANN001, ANN202
+    """`_V_REGS` for `num_warps` warps (`stage1` runs 4: `_V_REGS` itself, at one or two q rows a work): a further
+    warpgroup would hold the same V (a broadcast warp bit), the wgmma's register operand being the same for every
+    column block of the accumulator."""
+    extra = int(getattr(num_warps, "value", num_warps)) // 4
+    if extra == 1:
+        return _V_REGS
+    return gl.DistributedLinearLayout(reg_bases=_V_REGS.reg_bases, lane_bases=_V_REGS.lane_bases,
+                                      warp_bases=_V_REGS.warp_bases + [[0, 0]] * (extra.bit_length() - 1),
+                                      block_bases=[], shape=[64, 512])  # fmt: skip
+
+
 #: The relabellings as (factor shape, permutation) pairs for reshape + permute, shared by the kernel and the tests
 #: (which check them against `epilogue.VREGS_ROW_BITS` and each other): V of a tile (tokens, 512 dims) -> the PV
 #: operand Vᵀ (512 rows m, tokens k); P (tokens, heads) viewed as (tokens / 16, t3 t2, t1 t0, heads), permuted to σ's
@@ -54,7 +69,7 @@ def _pv_operand(kn, DOT_A: gl.constexpr, REPORT: gl.constexpr):
     Loaded in `_V_REGS`, then relabelled: row m holds value dim ``d = π(m)`` and column k token ``t = σ(k)``, with
     ``π: m0..m8 -> d6 d4 d5 d0 d7 d8 d1 d2 d3`` and ``σ`` swapping token bits (0, 1) with (2, 3). A paged cache's
     tail rows are already zeroed in shared memory (`_zero_tail_rows`)."""
-    v = kn.load(_V_REGS)
+    v = kn.load(_v_regs(gl.num_warps()))
     if REPORT:  # compile-time count for `build` (printed by the compiler, not at run time)
         gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
     # t = (X = t5 t4, Y = t3 t2, Z = t1 t0), d = (A = d8 d7, B = d6, C = d5 d4, D = d3 d2 d1, E = d0);
@@ -76,7 +91,7 @@ def _zero_tail_rows(kn, n_valid, BLOCK_N: gl.constexpr, D_NOPE: gl.constexpr):
     """Zero rows `n_valid` .. of a K tile's value dims in shared memory, before the PV reads V from the tile (a paged
     cache's unused slots may hold anything, NaN included: 0 · NaN = NaN). 64 columns at a time (one
     128-byte swizzle span), 32 values per thread."""
-    L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L))
     for c in gl.static_range(D_NOPE // 64):
         chunk = kn.slice(c * 64, 64, dim=1)
