@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The GPU runs that the open issues' acceptance still needs, in ONE device call (run from the repo root on the
-# device, with the peer wheels carried in .whl/ and, where the copy has no .git, the commit in .head): the twelve kernel mutants of scripts/mutate_gpu.py in three
-# processes beside the accuracy study's remaining rows (issues 33 and 30), then the whole GPU suite at this commit in
-# 8 xdist processes (tests/conftest.py gives each cores // 8 torch threads) until END_S seconds after the start.
-# Everything is written under $OUT as it goes (at most 8 files come back), so a call cut short still returns what
-# it finished; copy the files into data/ and commit them at once. Knobs (env): END_S (default 510), P1_S (seconds
-# for the mutants and the study, default 200), STUDY (the study table to resume).
+# device, with the peer wheels carried in .whl/ and, where the copy has no .git, the commit in .head): the twelve
+# kernel mutants of scripts/mutate_gpu.py in three processes beside the accuracy study's remaining rows (issues 33
+# and 30), then the whole GPU suite at this commit in 8 xdist processes (tests/conftest.py gives each cores // 8
+# torch threads) until END_S seconds after the start. Everything is written under $OUT as it goes (at most 8 files
+# come back), so a call cut short still returns what it finished; copy the files into data/ and commit them at once.
+# Knobs (env): END_S (default 510), P1_S (seconds for the mutants and the study, default 200), STUDY (the table to
+# resume).
 set -o pipefail
 T0=$(date +%s); END=${END_S:-510}; LIM=${P1_S:-200}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
