@@ -10,8 +10,7 @@
 set -o pipefail
 T0=$(date +%s); END=${END_S:-510}; LIM=${P1_S:-200}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+. scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)"
   echo "commit $(git rev-parse HEAD 2>/dev/null || cat .head 2>/dev/null)"; nproc; } | tee "$OUT/gpu.txt"
