@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU runs that the open issues' acceptance still needs, in ONE device call (run from the repo root on the
-# device, with the peer wheels carried in .whl/): the twelve kernel mutants of scripts/mutate_gpu.py in three
-# processes beside the accuracy study's remaining rows (issues 33 and 30), then the whole GPU suite at this commit in
-# 8 xdist processes (tests/conftest.py gives each cores // 8 torch threads) until END_S seconds after the start.
-# Everything is written under $OUT as it goes (at most 8 files come back), so a call cut short still returns what
-# it finished; copy the files into data/ and commit them at once. Knobs (env): END_S (default 510), P1_S (seconds
-# for the mutants and the study, default 200), STUDY (the study table to resume).
+# device, with the peer wheels carried in .whl/ and, where the copy has no .git, the commit in .head): the twelve
+# kernel mutants of scripts/mutate_gpu.py in three processes beside the accuracy study's remaining rows (issues 33
+# and 30), then the whole GPU suite at this commit in 8 xdist processes (tests/conftest.py gives each cores // 8
+# torch threads) until END_S seconds after the start. Everything is written under $OUT as it goes (at most 8 files
+# come back), so a call cut short still returns what it finished; copy the files into data/ and commit them at once.
+# Knobs (env): END_S (default 510), P1_S (seconds for the mutants and the study, default 200), STUDY (the table to
+# resume).
 set -o pipefail
 T0=$(date +%s); END=${END_S:-510}; LIM=${P1_S:-200}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+. scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)"
   echo "commit $(git rev-parse HEAD 2>/dev/null || cat .head 2>/dev/null)"; nproc; } | tee "$OUT/gpu.txt"

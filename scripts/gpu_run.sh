@@ -9,15 +9,7 @@
 # were left out): write long results (a study table) elsewhere and copy one file, or tar them.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  # one wheel at a time: a wheel for another Python (e.g. cp311 on the device's 3.12) must not drop the others
-  for w in .whl/*.whl; do
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" \
-      || echo "[gpu_run] WARNING: could not install $w (the peers that need it will report unavailable)" | tee -a "$OUT/wheels.txt"
-  done
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+. scripts/device_env.sh
 export FLASHINFER_CUDA_ARCH_LIST="9.0a" FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=16
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 # TEST_WORKERS=N runs the tests in N processes (pytest-xdist, in the device image; tests/conftest.py gives each

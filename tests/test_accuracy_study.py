@@ -149,7 +149,7 @@ def test_a_time_limit_writes_the_table_before_the_workers_are_closed(tmp_path: P
 
 def test_abandon_ends_a_process_pool_without_waiting_for_its_task() -> None:
     runner = open_runner("processes:1")
-    runner._pool.submit(time.sleep, 600).running()  # a task that would hold the pool for 10 minutes
+    runner._pool.submit(time.sleep, 600)  # a task that would hold the pool for 10 minutes
     time.sleep(2)  # (the worker has started it)
     t0 = time.perf_counter()
     runner.abandon()

@@ -98,7 +98,6 @@ def sweep(
     t0 = time.perf_counter()
     new: list[dict[str, Any]] = []
     failed = 0
-    df: pd.DataFrame | None = None
     try:
         if todo:
             tasks = grid.tasks(todo, chunk_rows)
@@ -138,7 +137,6 @@ def sweep(
     finally:
         if store is not None:
             store.close()
-    assert df is not None
     left = len(grid) - int((df.error == "").sum()) if len(df) else len(grid)
     if left:
         say(f"{left} rows not done yet (failed or not reached): run the same command again to compute them")
