@@ -71,11 +71,11 @@ def test_refusals_name_the_reason() -> None:
         Decoder(prepare(x, "bf16"), plan)
 
 
-@pytest.mark.parametrize(("q_len", "per"), [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)])
+@pytest.mark.parametrize(("q_len", "per"), [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (4, 4), (6, 2)])
 @pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
 def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, per: int, planner: str) -> None:
-    """`per` q rows a kernel work (1, or 2: both in the wgmmas' N): every (work, group of rows) exactly once, CTA
-    c·G + g running group g of slot c's works in the plan's order."""
+    """`per` q rows a kernel work (1, or 2 or 4 side by side in the wgmmas' N): every (work, group of rows) exactly
+    once, CTA c·G + g running group g of slot c's works in the plan's order."""
     x = make_inputs(DecodeCase(kv_lens=(0, 700, 65, 3000, 1), q_len=q_len))
     plan = make_plan(planner, x.qo_indptr, x.kv_indptr, 6)
     wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
@@ -100,11 +100,12 @@ def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, per: int, pla
         assert torch.equal(cta_indptr, plan.work_indptr) and torch.equal(rows, wi)
 
 
-def test_rows_per_cta_two_on_the_fp8_path_with_even_rows_only() -> None:
-    """Two q rows a work (both in the wgmmas' N) where every work covers an even number of rows on the fp8 path, not on
-    the 16-bit and fp4 paths, not with a token table; `row_passes` refuses a split it cannot make."""
-    for q_len, prec, want in ((2, "a8w8", 2), (4, "a8w8", 2), (1, "a8w8", 1), (2, "bf16", 1), (2, "a16w8", 1),
-                              (4, "a8w4-mxfp4", 1), (3, "a8w8", 1)):  # fmt: skip
+def test_rows_per_cta_on_the_fp8_path_four_or_two_as_the_rows_divide() -> None:
+    """Four q rows a work (side by side in the wgmmas' N) where every work covers a multiple of 4 rows on the fp8 path,
+    else two where every count is even; not on the 16-bit and fp4 paths, not with a token table; `row_passes` refuses
+    a split it cannot make."""
+    for q_len, prec, want in ((2, "a8w8", 2), (4, "a8w8", 4), (6, "a8w8", 2), (1, "a8w8", 1), (2, "bf16", 1),
+                              (2, "a16w8", 1), (4, "a8w4-mxfp4", 1), (3, "a8w8", 1)):  # fmt: skip
         x = make_inputs(DecodeCase(kv_lens=(0, 700, 65), q_len=q_len))
         plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 6)
         wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
@@ -117,12 +118,16 @@ def test_rows_per_cta_two_on_the_fp8_path_with_even_rows_only() -> None:
     p8 = prepare(make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2)), "a8w8")
     assert host.rows_per_cta_of(p8, torch.tensor([1, 2])) == 1  # (one odd count: one row a CTA)
     assert host.rows_per_cta_of(p8, torch.tensor([0, 0])) == 1 and host.rows_per_cta_of(p8, torch.tensor([0, 2])) == 2
+    assert host.rows_per_cta_of(p8, torch.tensor([4, 0, 8])) == 4
+    assert host.rows_per_cta_of(p8, torch.tensor([4, 2])) == 2
     x = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=3))
     plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
     with pytest.raises(ValueError, match="multiple of rows_per_cta=2"):
         host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 2)
-    with pytest.raises(ValueError, match="rows_per_cta must be 1 or 2"):
+    with pytest.raises(ValueError, match="multiple of rows_per_cta=4"):
         host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 4)
+    with pytest.raises(ValueError, match="rows_per_cta must be 1, 2 or 4"):
+        host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 3)
 
 
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
@@ -207,33 +212,38 @@ def _by_bits(bits: tuple[int, ...], n: int) -> list[int]:
 
 
 @pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
-def test_partial_row_bits_match_the_epilogue_relabelling() -> None:
-    """The head-minor partial store puts accumulator row m at value dim d by a bit map (`VREGS_ROW_BITS`); the bf16
-    epilogue undoes the same row order π by a register relabelling (reshape + permute). Both must agree, or a split
-    request's partials land in the wrong dims."""
+@pytest.mark.parametrize("warpgroups", [1, 2])
+def test_partial_row_bits_match_the_epilogue_relabelling(warpgroups: int) -> None:
+    """The head-minor partial store puts accumulator row m at value dim d by a bit map (`VREGS_ROW_BITS`, with two
+    warpgroups `VREGS_ROW_BITS_8W`); the bf16 epilogue undoes the same row order π by a register relabelling (reshape +
+    permute). Both must agree, or a split request's partials land in the wrong dims."""
     from mlalab.kernels.sm90 import epilogue as E
 
-    shape, perm = E.O_TO_NATURAL_64.value
+    nat, bits = (E.O_TO_NATURAL_64, E.VREGS_ROW_BITS) if warpgroups == 1 else (E.O_TO_NATURAL_8W, E.VREGS_ROW_BITS_8W)
+    shape, perm = nat.value
     m_of_d = torch.arange(512)[:, None].expand(512, 16).reshape(shape).permute(perm).reshape(512, 16)[:, 0]
     d_of_m = torch.empty(512, dtype=torch.long)
     d_of_m[m_of_d] = torch.arange(512)
-    assert sorted(E.VREGS_ROW_BITS.value) == list(range(9))
-    assert _by_bits(E.VREGS_ROW_BITS.value, 512) == d_of_m.tolist()
+    assert sorted(bits.value) == list(range(9))
+    assert _by_bits(bits.value, 512) == d_of_m.tolist()
     assert _by_bits(E.NATURAL_ROW_BITS.value, 512) == list(range(512))
 
 
 @pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
-def test_v_operand_and_p_relabellings_agree() -> None:
+@pytest.mark.parametrize("warpgroups", [1, 2])
+def test_v_operand_and_p_relabellings_agree(warpgroups: int) -> None:
     """The PV's A operand is V (tokens t, dims d) relabelled by reshape + permute (`_pv_operand`) so that row m holds
-    dim π(m) (the epilogue's `VREGS_ROW_BITS`) and column k token σ(k); Pᵀ's column k (`_p_operand`) must hold the
-    same token σ(k), or each value would be weighted by another token's probability."""
+    dim π(m) (the epilogue's `VREGS_ROW_BITS`, or `VREGS_ROW_BITS_8W` on two warpgroups) and column k token σ(k); Pᵀ's
+    column k (`_p_operand`) must hold the same token σ(k), or each value would be weighted by another token's
+    probability."""
     from mlalab.kernels.sm90 import epilogue as E
     from mlalab.kernels.sm90 import vpaths as V
 
     v = torch.arange(64 * 512).reshape(64, 512)  # element (t, d) = t·512 + d
-    shape, perm = V.V_TO_OPERAND_64.value
+    rel, bits = (V.V_TO_OPERAND_64, E.VREGS_ROW_BITS) if warpgroups == 1 else (V.V_TO_OPERAND_8W, E.VREGS_ROW_BITS_8W)
+    shape, perm = rel.value
     a = v.reshape(shape).permute(perm).reshape(512, 64)
-    pi = _by_bits(E.VREGS_ROW_BITS.value, 512)
+    pi = _by_bits(bits.value, 512)
     sigma = (a[0] // 512).tolist()  # token of column k
     assert sorted(sigma) == list(range(64))
     assert a.tolist() == [[t * 512 + pi[m] for t in sigma] for m in range(512)]
@@ -288,8 +298,8 @@ def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
 @pytest.mark.parametrize("triton_copy", ["environment", "h200"])
 def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
     """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
-    hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables, two q rows a work on
-    the fp8 path): the path's wgmmas
+    hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables, two and four q rows a
+    work on the fp8 path, on two warpgroups): the path's wgmmas
     (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory (but one register of the paged e4m3
     route on Triton 3.6, outside the tile loop), within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's
     conversion free of bank conflicts, one 8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
@@ -308,7 +318,8 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "runs += [(p, True, None, 0, 0, None, 1) for p in ('v-regs', 'v-tile', 'v-conv')]  # token tables\n"
         "runs += [('v-regs', True, 2, 0, 0, None, 1)]  # (token tables with a deferred ring fill, as launched)\n"
         "runs = [(*r, 1) for r in runs]\n"
-        "runs += [('v-regs', m, None, 0, 0, None, pg, 2) for m, pg in ((False, None), (True, None), (True, 16))]\n"
+        "runs += [('v-regs', m, None, 0, 0, None, pg, rw) for m, pg in ((False, None), (True, None), (True, 16))\n"
+        "         for rw in (2, 4)]  # q rows side by side on two warpgroups\n"
         "for path, mask, fb, tl, ab, prec, pg, rw in runs:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
         "                       page=pg, rows=rw)\n"
@@ -319,16 +330,10 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0), rw)\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 32, out
+    assert len(rows) == 35, out
     for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2, rw in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
-        if rw == "2":
-            # two q rows in the wgmmas' N: Oᵀ (512 x 32) takes 128 of a thread's 255 registers; Triton 3.6 spills
-            # 16-24 bytes (3.9: 24-32) of scalars, 9-18 local loads and stores in all, at most 4 of them in the tile
-            # loop (q's wgmma descriptors recomputed each tile: kept across it, 3.6 spilled 168-184 bytes, ~40 local
-            # loads and stores a tile). More is a regression.
-            assert int(stack) <= 32 and int(local) <= 20, out
-        elif path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
+        if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
             # Triton 3.6 spills one register of the paged e4m3 route: stored once before the tile loop and loaded
             # once after each work's tiles (read in its SASS; 3.9 spills nothing). Anything more is a regression.
             assert int(stack) <= 8 and int(local) <= 2, out
@@ -336,7 +341,10 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
             assert int(stack) == 0 and local == "0", out  # (a masked V operand once made the paged fp8 loop spill)
         if path == "v-regs":
             assert conflicts == "0", out  # the V load of the register operand
-            assert int(gmma) == {"0": 34, "1": 16, "2": 0}[ab], out  # ablations drop the products they name
+            if rw == "1":
+                assert int(gmma) == {"0": 34, "1": 16, "2": 0}[ab], out  # ablations drop the products they name
+            else:  # per warpgroup: 18 score QGMMA of its NQ / 2 columns, 8 value QGMMA of its 256 rows
+                assert int(gmma) == 26, out
             if ab == "0":
                 assert int(stg64) >= 16, out  # the fp16 partial: one 8-byte vector of 4 heads per row
         elif path == "v-fp4":  # the rope chunk's code load and word store (the value chunks: see fp4tiles)
@@ -547,8 +555,9 @@ def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: st
 @pytest.mark.parametrize("planner", list(PLANNERS))
 @pytest.mark.parametrize("precision", list(PATHS))
 def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precision: str) -> None:
-    """q_len 2 and 4 on the sm_90 kernel (row passes; a8w8: two q rows a CTA, in the wgmmas' N): ragged, empty and
-    long requests, every query row seeing its request's whole KV; plans with SMs // q_len slots and with 132."""
+    """q_len 2 and 4 on the sm_90 kernel (row passes; a8w8: all q_len rows a CTA, side by side in the wgmmas' N on two
+    warpgroups): ragged, empty and long requests, every query row seeing its request's whole KV; plans with
+    SMs // q_len slots and with 132."""
     from mlalab.backends.triton import build_plan
 
     for lens, dist in [(tuple(ragged_kv_lens(9, 700, seed=3)), "unit"), ((0, 130, 5, 4096), "competition"),
@@ -557,16 +566,16 @@ def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precisio
         x = _peaked(x) if dist == "unit" else x
         for slots in (132 // q_len, 132):
             _check(prepare(x, precision), build_plan(x, planner, slots), peaked=dist == "unit",
-                   rows=2 if precision == "a8w8" else 1)  # fmt: skip
+                   rows=q_len if precision == "a8w8" else 1)  # fmt: skip
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(("q_len", "page"), [(2, 16), (2, 64), (4, 16), (4, 64)])
-def test_gpu_two_rows_a_cta_paged_with_nan_and_many_works(q_len: int, page: int) -> None:
-    """a8w8 with two q rows a CTA on the paths a contiguous batch does not take: permuted pages of 16 (a box per
-    page) and 64 tokens with NaN in every unused slot (tails zeroed in shared memory), split works, and plans on a few
-    slots (CTAs with many works: the 32-row q buffers reused, works without tiles)."""
+def test_gpu_q_rows_side_by_side_paged_with_nan_and_many_works(q_len: int, page: int) -> None:
+    """a8w8 with q_len rows a CTA (two warpgroups) on the paths a contiguous batch does not take: permuted pages of 16
+    (a box per page) and 64 tokens with NaN in every unused slot (tails zeroed in shared memory), split works, and
+    plans on a few slots (CTAs with many works: the 32- and 64-row q buffers reused, works without tiles)."""
     from mlalab.backends.triton import build_plan
 
     lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
@@ -580,19 +589,18 @@ def test_gpu_two_rows_a_cta_paged_with_nan_and_many_works(q_len: int, page: int)
         s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
         if e > s:
             kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(torch.uint8).fill_(0x7F)  # NaN codes
-    for planner, slots, knobs in (("simple", 132 // (q_len // 2), {"block": 1}), ("balanced", 132, {}),
-                                  ("balanced", 3, {})):  # fmt: skip
+    for planner, slots, knobs in (("simple", 132, {"block": 1}), ("balanced", 132, {}), ("balanced", 3, {})):
         plan = build_plan(x, planner, slots, **knobs)
-        _check(p, plan, clean, peaked=True, rows=2)
+        _check(p, plan, clean, peaked=True, rows=q_len)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("q_len", [1, 2, 4])
 def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
-    """The triton backend's default plan where the sm_90 kernel runs: SMs // (q_len / 2) slots for a8w8 (two q rows a
-    CTA), and works of one 64-token tile counted in pages at page size 64 (16 requests of 16 pages make more works
-    than requests at every q_len: at q_len 4, 66 slots); each CTA runs two rows at q_len 2 and 4."""
+    """The triton backend's default plan where the sm_90 kernel runs: one slot an SM for a8w8 at every q_len (a CTA
+    runs all q_len rows of its works), and works of one 64-token tile counted in pages at page size 64 (16 requests
+    of 16 pages make more works than requests)."""
     from mlalab.backends.triton import make_callable
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -600,8 +608,8 @@ def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
                                        dist="unit")).to("cuda"))  # fmt: skip
     call, info = make_callable(x, precision="a8w8")
     plan = info["plan"]
-    assert plan.num_cus == sms // max(1, q_len // 2) and plan.n_work > 16 and info["decoder"].ran == "sm90:v-regs"
-    assert info["decoder"].sm90.rows == min(q_len, 2)
+    assert plan.num_cus == sms and plan.n_work > 16 and info["decoder"].ran == "sm90:v-regs"
+    assert info["decoder"].sm90.rows == q_len
     out = call(0)
     ref, _ = tiled_decode(info["prepared"], plan, p_dtype=torch.float8_e4m3fn)
     assert rel(out, ref) <= 1e-2 and rel(mean_v(info["prepared"]), ref) > 0.1

@@ -237,15 +237,15 @@ def test_interpreter_token_pool_with_nan_outside_the_table() -> None:
 
 
 def test_interpreter_row_passes_compute_the_plan() -> None:
-    """Speculative decode on the sm_90 kernel runs a plan's works of q_len rows as works of one or two rows on q_len
-    or q_len / 2 CTAs (`mlalab.kernels.sm90.host.row_passes`). Executed by the portable kernel (whose per-work
+    """Speculative decode on the sm_90 kernel runs a plan's works of q_len rows as works of 1, 2 or 4 rows on q_len,
+    q_len / 2 or q_len / 4 CTAs (`mlalab.kernels.sm90.host.row_passes`). Executed by the portable kernel (whose per-work
     contract the sm_90 kernel shares), those tables give the plan's own output — q rows, partial rows and the reduce
     all where the plan puts them — at q_len 2 and 4, split and unsplit requests, on peaked inputs where the baselines
     fail."""
     out = _interp(
         """
         from mlalab.kernels.sm90.host import row_passes
-        for q_len, per in ((2, 1), (4, 1), (4, 2)):
+        for q_len, per in ((2, 1), (4, 1), (4, 2), (4, 4)):
             for planner in ("simple", "balanced"):
                 x = make_inputs(DecodeCase(kv_lens=(37, 130, 0, 70), q_len=q_len, seed=4, dist="unit"))
                 x = dataclasses.replace(x, q=(x.q.float() * 3).to(torch.bfloat16))
@@ -267,7 +267,7 @@ def test_interpreter_row_passes_compute_the_plan() -> None:
         """
     )
     rows = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("ROW")]
-    assert len(rows) == 6, out
+    assert len(rows) == 8, out
     for q_len, planner, e, diff, fails in rows:
         assert float(e) <= 1e-5 and float(diff) <= 1e-6, (q_len, planner, out)
         assert fails == "1", out

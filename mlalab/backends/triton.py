@@ -108,7 +108,7 @@ def make_callable(
         plan_knobs["block"] = max(1, SIMPLE_PLAN_BLOCK // inputs.page_size)
     if plan is None:
         if num_cus is None and sm90:
-            # the sm_90 kernel runs a slot's q rows on CTAs side by side, 1 or 2 rows each (`row_passes`), the e4m3
+            # the sm_90 kernel runs a slot's q rows on CTAs side by side, 1, 2 or 4 rows each (`row_passes`), the e4m3
             # route two CTAs an SM on large batches (`ctas_per_sm`): SMs x that // CTAs a slot
             q_rows = int(inputs.qo_indptr.diff().max()) if inputs.batch else 1
             per = sm90_host.rows_per_cta_of(prep, inputs.qo_indptr.diff(), p_fp8=cfg.p_fp8)  # (as the decoder decides)

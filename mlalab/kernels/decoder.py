@@ -139,7 +139,7 @@ class Decoder:
         #: the reduce is a programmatic dependent launch of the sm_90 stage 1 (its launch overlaps stage 1)
         self.use_pdl = sm90 and config.pdl and portable.gdc_wait is not None
         self._reduce_launch = self._gluon_reduce(most) if part_dtype == torch.float16 else self._triton_reduce(most)
-        #: the sm_90 stage 1 (None on the portable path); it runs one or two q rows per work (in the wgmmas' N)
+        #: the sm_90 stage 1 (None on the portable path); it runs 1, 2 or 4 q rows per work (in the wgmmas' N)
         #: (`sm90.host.row_passes`, `sm90.host.rows_per_cta_of`)
         self.sm90 = None
         if sm90:

@@ -142,7 +142,8 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     ring); ``timeline`` / ``ablate``: the measurement hooks (the kernel's ``TIMELINE``, ``ABLATE``); ``page``: 16 or
     32 to build the page-by-page tile loads of such caches, 1 for a token table's rows by cp.async (with
     ``mask_tail``, as the decoder launches them; not on the fp4 paths), None for whole-tile loads; ``rows``: q rows
-    per work, 1 or 2 (in the wgmmas' N: speculative decode on the fp8 path, `host.rows_per_cta_of`)."""
+    per work, 1, 2 or 4 (in the wgmmas' N: speculative decode on the fp8 path, `host.rows_per_cta_of`), the
+    latter on two warpgroups (8 warps)."""
     import torch
     from triton.runtime.driver import driver
 
@@ -157,8 +158,8 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     if ablate not in (0, 1, 2) or isinstance(ablate, bool) or (ablate and path != "v-regs"):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV; fp8 path only), "
                          f"got {ablate!r} on {path}")  # fmt: skip
-    if rows not in (1, 2) or isinstance(rows, bool) or (rows == 2 and (path != "v-regs" or page == 1)):
-        raise ValueError(f"rows must be 1, or 2 on v-regs without a token table, got {rows!r} on {path}")
+    if rows not in (1, 2, 4) or isinstance(rows, bool) or (rows > 1 and (path != "v-regs" or page == 1)):
+        raise ValueError(f"rows must be 1, or 2 or 4 on v-regs without a token table, got {rows!r} on {path}")
     if path == "v-fp4":
         precision = "a16w4-mxfp4" if precision is None else precision
         if precision not in FP4_BUILDS:
@@ -194,7 +195,7 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
             BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
             LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4,
             FP4_E4M3=path == "v-fp4-e4m3", TOKENS=page == 1, TIMELINE=timeline,
-            ABLATE=ablate, REPORT=True, num_warps=4, grid=(1,),
+            ABLATE=ablate, REPORT=True, num_warps=4 if rows == 1 else 8, grid=(1,),
         )  # fmt: skip
     conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))
     return _report(ck, stages, conflicts)

@@ -21,45 +21,48 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.runtime.jit import constexpr_function
 
-__all__ = ["VREGS_ROW_BITS", "NATURAL_ROW_BITS", "O_TO_NATURAL_64"]
+__all__ = ["VREGS_ROW_BITS", "VREGS_ROW_BITS_8W", "NATURAL_ROW_BITS", "O_TO_NATURAL_64", "O_TO_NATURAL_8W"]
 
 #: Row m of the Oᵀ accumulator holds value dim d: bit i of m is bit ``ROW_BITS[i]`` of d. The fp8 path's π
 #: (`vpaths._pv_operand`) and the 16-bit paths' identity.
 VREGS_ROW_BITS = gl.constexpr((6, 4, 5, 0, 7, 8, 1, 2, 3))
+#: π with two warpgroups (`vpaths.V_TO_OPERAND_8W`).
+VREGS_ROW_BITS_8W = gl.constexpr((3, 6, 4, 0, 5, 7, 8, 1, 2))
 NATURAL_ROW_BITS = gl.constexpr((0, 1, 2, 3, 4, 5, 6, 7, 8))
 
 #: Oᵀ's rows m (with the 16 heads last) -> natural value dims, as a (factor shape, permutation) pair for reshape +
 #: permute (`_store_work_vregs`; checked against `VREGS_ROW_BITS` in the tests).
 O_TO_NATURAL_64 = gl.constexpr(((8, 4, 2, 4, 2, 16), (1, 4, 3, 0, 2, 5)))
-
-#: Oᵀ in natural value-dim order, registers ordered so each thread's 16 consecutive dims come first (16-byte stores;
-#: a warp writes 128 contiguous dims of a head row). Same lanes and warps as the accumulator: a register renaming.
-_O_STORE = gl.DistributedLinearLayout(
-    reg_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 8]],
-    lane_bases=[[0, 2], [0, 4], [64, 0], [16, 0], [32, 0]],
-    warp_bases=[[128, 0], [256, 0]],
-    block_bases=[],
-    shape=[512, 16],
-)
+#: The same with two warpgroups: m = (F = d2 d1, A = d8 d7, C = d5, G = d0, D = d4, B = d6, E = d3) -> d = (A, B, C,
+#: D, E, F, G).
+O_TO_NATURAL_8W = gl.constexpr(((4, 4, 2, 2, 2, 2, 2, 16), (1, 5, 2, 4, 6, 0, 3, 7)))
 
 
 @constexpr_function
-def _o_store(nq):  # noqa: ANN001, ANN202
-    """`_O_STORE` for `nq` columns (16 heads per q row, all in one warpgroup's accumulator: the further registers hold
-    columns 16, 32 ..)."""
-    nq = int(getattr(nq, "value", nq))
-    if nq == 16:
-        return _O_STORE
-    extra = [[0, 16 << i] for i in range((nq // 16).bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg_bases=_O_STORE.reg_bases + extra, lane_bases=_O_STORE.lane_bases,
-                                      warp_bases=_O_STORE.warp_bases, block_bases=[],
-                                      shape=[512, nq])  # fmt: skip
+def _rows_first(layout):  # noqa: ANN001, ANN202
+    """`layout` (Oᵀ relabelled to natural value-dim order, a `gl.DistributedLinearLayout`) with its register bases
+    along dim 0 first: the same elements in each thread, its registers renamed so that a thread's consecutive dims
+    are consecutive registers (16-byte stores of 8 or 16 dims)."""
+    rows = sorted(b for b in layout.reg_bases if b[1] == 0)
+    cols = [b for b in layout.reg_bases if b[1] != 0]
+    return gl.DistributedLinearLayout(reg_bases=rows + cols, lane_bases=layout.lane_bases,
+                                      warp_bases=layout.warp_bases, block_bases=layout.block_bases,
+                                      shape=layout.shape)  # fmt: skip
 
 
 @constexpr_function
-def _o_natural_shape(nq):  # noqa: ANN001, ANN202
-    """`O_TO_NATURAL_64`'s factor shape for `nq` columns (the columns are its last factor, left in place)."""
-    return gl.constexpr(tuple(O_TO_NATURAL_64.value[0][:-1]) + (int(getattr(nq, "value", nq)),))
+def _o_to_natural(nq, num_warps):  # noqa: ANN001, ANN202
+    """The (factor shape, permutation) that relabels Oᵀ's rows to natural value dims for `nq` columns (`nq` is the
+    last factor, left in place): `O_TO_NATURAL_64` (one warpgroup) or `O_TO_NATURAL_8W` (two)."""
+    nq, num_warps = (int(getattr(v, "value", v)) for v in (nq, num_warps))
+    shape, perm = (O_TO_NATURAL_8W if num_warps == 8 else O_TO_NATURAL_64).value
+    return gl.constexpr((tuple(shape[:-1]) + (nq,), tuple(perm)))
+
+
+@constexpr_function
+def _vregs_row_bits(num_warps):  # noqa: ANN001, ANN202
+    """π of the fp8 path's Oᵀ rows for one or two warpgroups (`VREGS_ROW_BITS`, `VREGS_ROW_BITS_8W`)."""
+    return VREGS_ROW_BITS_8W if int(getattr(num_warps, "value", num_warps)) == 8 else VREGS_ROW_BITS
 
 
 @gluon.jit
@@ -101,11 +104,13 @@ def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, pa
     """Normalise one work's Oᵀ (512, NQ) of the fp8 path (row m = value dim π(m)) and store it: final bf16 output +
     LSE, or a head-minor partial + LSE."""
     lse, scale = _normaliser(m_i, l_sum, _partial_value_scale(v_scale, partial_loc, PART_O))
-    o = o * scale[None, :]
-    if partial_loc < 0:  # the request is whole: final output (bf16) at its q row
-        # relabel to natural order m = (D, A, E, C, B) -> d = (A, B, C, D, E) (`vpaths._pv_operand`)
-        o_nat = o.reshape(_o_natural_shape(NQ)).permute(O_TO_NATURAL_64[1]).reshape([D_NOPE, NQ])
-        OS: gl.constexpr = _o_store(NQ)
+    # (two warpgroups: the softmax state is split by columns, Oᵀ by rows; one: the same layout, nothing moves)
+    o = o * gl.convert_layout(scale, gl.SliceLayout(0, o.type.layout))[None, :]
+    if partial_loc < 0:  # the request is whole: final output (bf16) at its q rows
+        # relabel to natural order (one warpgroup: m = (D, A, E, C, B) -> d = (A, B, C, D, E), `vpaths._pv_operand`)
+        NAT: gl.constexpr = _o_to_natural(NQ, gl.num_warps())
+        o_nat = o.reshape(NAT[0]).permute(NAT[1]).reshape([D_NOPE, NQ])
+        OS: gl.constexpr = _rows_first(o_nat.type.layout)
         ob = gl.convert_layout(o_nat, OS)
         offs_d = gl.arange(0, D_NOPE, layout=gl.SliceLayout(1, OS))
         offs_n = gl.arange(0, NQ, layout=gl.SliceLayout(0, OS))
@@ -113,7 +118,8 @@ def _store_work_vregs(o, m_i, l_sum, v_scale, OUT, OUT_LSE, PART_O, PART_LSE, pa
         gl.store(OUT + (base + offs_n[None, :]) * D_NOPE + offs_d[:, None], ob.to(OUT.dtype.element_ty))
         gl.store(OUT_LSE + base + gl.arange(0, NQ, layout=lse.type.layout), lse)
     else:  # one split of it: a head-minor partial at the plan's partial row
-        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, VREGS_ROW_BITS, D_NOPE, NQ)
+        BITS: gl.constexpr = _vregs_row_bits(gl.num_warps())
+        _store_partial_head_minor(o, lse, PART_O, PART_LSE, partial_loc.to(gl.int64) * H, BITS, D_NOPE, NQ)
 
 
 @gluon.jit
@@ -182,7 +188,7 @@ def _store_partial_head_minor(o, lse, PART_O, PART_LSE, base, ROW_BITS: gl.const
     sectors. fp16: that order would write half sectors, so the heads go in the column order
     `portable.HEAD_MINOR_COLUMN` (head 8j + 2i + b at column 4i + 2j + b, the LSEs too): a thread's 4 heads are one
     8-byte store per row, a quad of lanes a whole 32-byte row."""
-    gl.static_assert(NQ == 16 or NQ == 32, "one or two q rows of 16 heads")
+    gl.static_assert(NQ == 16 or NQ == 32 or NQ == 64, "one, two or four q rows of 16 heads")
     R: gl.constexpr = NQ // 16  # q rows: row r's partial is partial row base / 16 + r
     offs_l = gl.arange(0, NQ, layout=lse.type.layout)
     if PART_O.dtype.element_ty == gl.float16:

@@ -110,7 +110,7 @@ def unsupported(
 def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
                rows_per_cta: int = 1) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(cta_indptr, row_work_info)`` on the CPU: the plan as the sm_90 kernel runs it, `rows_per_cta` q rows per work
-    (1, or 2 where the kernel puts two q rows in the wgmmas' N: `rows_per_cta_of`).
+    (1, or 2 or 4 where the kernel puts the q rows side by side in the wgmmas' N: `rows_per_cta_of`).
 
     A work of q rows ``[qs, qe)`` (speculative decode: q_len rows per request) becomes ``(qe - qs) / P`` works of
     ``P = rows_per_cta`` rows each, over the same KV range, writing the same outputs: rows ``qs + g·P ..`` and, when
@@ -119,8 +119,8 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
     the same KV tiles side by side, so the G reads of a tile are one read from HBM and G - 1 from L2. With
     ``slots·G`` <= the SM count all of them run at once (the backend's default plan has ``SMs // G`` slots). With one
     group per work the tables are the plan's own."""
-    if type(rows_per_cta) is not int or rows_per_cta not in (1, 2):
-        raise ValueError(f"rows_per_cta must be 1 or 2, got {rows_per_cta!r}")
+    if type(rows_per_cta) is not int or rows_per_cta not in (1, 2, 4):
+        raise ValueError(f"rows_per_cta must be 1, 2 or 4, got {rows_per_cta!r}")
     wp = work_indptr.to("cpu", torch.int64)
     wi = work_info.to("cpu", torch.int64)
     n_cu = wp.numel() - 1
@@ -162,12 +162,13 @@ def ctas_per_sm(prepared: PreparedInputs, kv_tokens: int, p_fp8: bool = True) ->
 
 
 def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True) -> int:
-    """q rows a CTA of the sm_90 kernel runs per work: 2 (in the wgmmas' N, sharing each tile's K and V operands) on
-    the fp8 path (``v-regs``) without a token table when every count in `q_rows` (the q rows of each work, or of each
-    request before a plan exists) is even and some is not 0 (q_len 2, 4); else 1."""
+    """q rows a CTA of the sm_90 kernel runs per work: on the fp8 path (``v-regs``) without a token table, 4 when every
+    count in `q_rows` (the q rows of each work, or of each request before a plan exists) is a multiple of 4, else 2
+    when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1."""
     rows = q_rows.to("cpu", torch.int64)
-    even = rows.numel() > 0 and bool((rows % 2 == 0).all()) and bool((rows > 0).any())
-    return 2 if even and not tokens(prepared) and path_of(prepared, p_fp8=p_fp8) == "v-regs" else 1
+    if tokens(prepared) or path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
+        return 1
+    return next(r for r in (4, 2, 1) if bool((rows % r == 0).all()))
 
 
 def tokens(prepared: PreparedInputs) -> bool:
@@ -253,8 +254,8 @@ def first_burst(most_tiles: int, stages: int) -> int:
 
 class Sm90Stage1:
     """The sm_90 stage 1 for one plan: its tables on the device, its compile-time arguments, and a launch that
-    caches the TMA descriptors per (q, kv) buffer pair (e.g. per rotated KV copy). `work_indptr` / `work_info`: one
-    q row per work, one row of `work_indptr` per CTA (`row_passes`)."""
+    caches the TMA descriptors per (q, kv) buffer pair (e.g. per rotated KV copy). `work_indptr` / `work_info`:
+    `rows_per_cta` q rows per work, one row of `work_indptr` per CTA (`row_passes`)."""
 
     def __init__(self, prepared: PreparedInputs, work_indptr: torch.Tensor, work_info: torch.Tensor, *,
                  launch_dependents: bool, p_fp8: bool = True, rows_per_cta: int = 1) -> None:  # fmt: skip
@@ -276,7 +277,7 @@ class Sm90Stage1:
         self.n_cu = int(work_indptr.numel() - 1)
         self.p = prepared
         self._descs: dict[tuple[int, int], tuple] = {}
-        #: q rows per work (`rows_per_cta_of`): all in the wgmmas' N of the one warpgroup
+        #: q rows per work (`rows_per_cta_of`), side by side in the wgmmas' N; more than one on two warpgroups
         self.rows = rows_per_cta
         self.kw: dict[str, Any] = dict(
             H=MLA.num_heads, NQ=MLA.num_heads * rows_per_cta, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=BLOCK_N,
@@ -284,7 +285,7 @@ class Sm90Stage1:
             LAUNCH_DEPENDENTS=launch_dependents, FIRST_BURST=first_burst(most, self.stages), REPORT=False,
             KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(prepared.spec.kv_format, 0), FP4_E4M3=self.path == "v-fp4-e4m3",
             TOKENS=tokens(prepared),
-            num_warps=BLOCK_N // 16,
+            num_warps=4 if rows_per_cta == 1 else 8,
         )  # fmt: skip
         #: fp4 KV: the block scales as bytes (what the kernel reads, `fp4tiles._load_tile_scales`), else a stand-in
         self.kv_scales = prepared.kv_scale if prepared.kv_scales is None else prepared.kv_scales.view(torch.uint8)

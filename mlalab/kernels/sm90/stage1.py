@@ -11,7 +11,12 @@ N dimension, so nothing is padded:
   on the operand types (`vpaths`): from registers (fp8), read transposed from the K tile (bf16), or from a bf16 copy
   of each fp8 tile (bf16 q with fp8 KV).
 
-Per CTA (one warpgroup of 4 warps, for one or two q rows a work; the grid is the plan's slots, one per SM): the works
+Speculative decode on the fp8 path puts a work's 2 or 4 q rows side by side in N (``NQ`` = 32 or 64 columns) on two
+warpgroups: each computes the scores, softmax and Pᵀ of its half of the columns (its q rows) and the value product of
+its half of Oᵀ's rows for every column (256 × NQ: 128 registers a thread at NQ = 64, which one warpgroup could not
+hold), taking the other's softmax rescale factors from shared memory, next to Pᵀ.
+
+Per CTA (one warpgroup of 4 warps, or two; the grid is the plan's slots, one per SM): the works
 ``work_info[work_indptr[c]:work_indptr[c+1]]`` are walked in order, their 64-token tiles flattened into one stream
 that a ring of ``NUM_STAGES`` TMA buffers prefetches across work boundaries (the host lists each CTA's tile start rows
 once per plan: ``TILE_ROWS``; its header ``CTA_INFO`` holds its work and tile ranges, its first q row and the rows of
@@ -39,10 +44,9 @@ Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) di
 (page size 1 with the identity page table, or pages that are multiples of 64 tokens), a tile of whole pages of 16
 or 32 tokens (one TMA box per page), or 64 rows of a token table (page size 1, any table: ``TOKENS``, the ring filled
 by cp.async, `_copy_token_rows`); the last two not with fp4 KV, whose block scales are read per tile; e4m3fn codes
-for fp8. The
-kernel runs one q row (16 heads) per work, or on the fp8 path two (``NQ = 32``: both rows in the wgmmas' N, so each
-tile's K and V operands serve both): a plan's works of q_len rows reach it as works of one
-or two rows, one per CTA of a group streaming the same tiles (`host.row_passes`, `host.rows_per_cta_of`).
+for fp8. The kernel runs one q row (16 heads) per work, or on the fp8 path 2 or 4 (above): a plan's works of q_len
+rows reach it as works of 1, 2 or 4 rows, one per CTA of a group streaming the same tiles (`host.row_passes`,
+`host.rows_per_cta_of`).
 """
 
 from __future__ import annotations
@@ -226,8 +230,10 @@ def _stage1_kernel(
     num_warps: gl.constexpr,
 ):  # fmt: skip
     ROWS: gl.constexpr = NQ // H  # q rows per work, side by side in the wgmmas' N
-    gl.static_assert(H == 16 and NQ == H * ROWS and (ROWS == 1 or ROWS == 2), "one or two q rows of 16 heads a work")
-    gl.static_assert(num_warps == 4, "one warpgroup (4 warps, 64 tokens of a tile as M)")
+    gl.static_assert(H == 16 and NQ == H * ROWS and (ROWS == 1 or ROWS == 2 or ROWS == 4),
+                     "one, two or four q rows of 16 heads a work")  # fmt: skip
+    WG: gl.constexpr = num_warps // 4  # warpgroups: 1, or 2 sharing each tile (`_stage1_kernel`'s layouts)
+    gl.static_assert(num_warps == 4 or (num_warps == 8 and ROWS > 1), "one warpgroup, or two for 2 or 4 q rows")
     gl.static_assert(BLOCK_N == 64 and D_NOPE == 512, "the V layouts are written for 64-token tiles of 512 values")
     KV_BITS: gl.constexpr = kn_desc.dtype.primitive_bitwidth  # the KV as stored and TMA'd (the ring's type)
     gl.static_assert(not FP4_E4M3 or (KV_FP4 == 1 and qn_desc.dtype == gl.float8e4nv),
@@ -246,7 +252,8 @@ def _stage1_kernel(
     gl.static_assert(not KV_FP4 or kn_desc.dtype == gl.uint8, "fp4 KV arrives as packed code bytes (uint8)")
     gl.static_assert(KV_BITS == MMA_BITS or KV_CONVERT, "q and KV of one type, bf16 q with fp8 KV, or fp4 KV")
     gl.static_assert(ROWS == 1 or (V_IN_REGS and not KV_CONVERT and not TOKENS),
-                     "two q rows a work: the fp8 path (v-regs), its ring filled by TMA")  # fmt: skip
+                     "q rows side by side: the fp8 path (v-regs), its ring filled by TMA")  # fmt: skip
+    gl.static_assert(ROWS < 4 or WG == 2, "four q rows: Oᵀ (512 x 64) split over two warpgroups")
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the bf16 ring needs 2 stages")
     gl.static_assert(not V_FROM_K or ABLATE == 0, "ablations are written for the fp8 path")
@@ -282,11 +289,14 @@ def _stage1_kernel(
     gl.static_assert(SUB == 1 or not KV_FP4, "fp4 block scales are read per tile: pages of >= 64 tokens")
     sub_rows = TILE_ROWS + t_begin * SUB
 
-    # wgmma accumulators (Sᵀ: BLOCK_N × NQ, Oᵀ: 512 × NQ): the warpgroup's 4 warps along M, N = NQ (16 heads of each
-    # q row of the work) per instruction
-    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, NQ, 256 // MMA_BITS])  # fmt: skip
-    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=4)
+    # wgmma accumulators: Sᵀ (BLOCK_N × NQ), a warpgroup's 4 warps along the tokens (M) and the warpgroups side by side
+    # along N (NQ / WG columns each: its q rows); Oᵀ (512 × NQ), all the warps along M (the value dims, π of `vpaths`)
+    # and N = NQ (16 heads of each q row of the work) per instruction. With one warpgroup both are one layout.
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
+                                                  instr_shape=[16, NQ // WG, 256 // MMA_BITS])  # fmt: skip
+    ACC_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1],
+                                                    instr_shape=[16, NQ, 256 // MMA_BITS])  # fmt: skip
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_O, k_width=4)
     # a row of Pᵀ: BLOCK_N tokens of the products' type (64 B in fp8, 128 B in bf16)
     T_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N * MMA_BITS // 8, element_bitwidth=MMA_BITS,
                                                   rank=2)  # fmt: skip
@@ -299,6 +309,8 @@ def _stage1_kernel(
     qn_smem = gl.allocate_shared_memory(qn_desc.dtype, [2, NQ, D_NOPE], qn_desc.layout)
     qr_smem = gl.allocate_shared_memory(qr_desc.dtype, [2, NQ, D_ROPE], qr_desc.layout)
     p_smem = gl.allocate_shared_memory(mma_type, [2, NQ, BLOCK_N], T_LAYOUT)
+    if WG > 1:  # each warpgroup's softmax rescale factors, for the other's Oᵀ rows (a tile's, next to its Pᵀ)
+        a_smem = gl.allocate_shared_memory(gl.float32, [2, NQ], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     if KV_CONVERT:  # the one bf16 / e4m3 tile that QK and PV read (the ring holds the codes as TMA brought them)
         KB_LAYOUT: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=MMA_BITS, rank=2)
         RB_SWIZZLE: gl.constexpr = 128 if D_ROPE * MMA_BITS // 8 >= 128 else D_ROPE * MMA_BITS // 8
@@ -368,7 +380,7 @@ def _stage1_kernel(
 
         m_i = gl.full([NQ], float("-inf"), gl.float32, gl.SliceLayout(0, ACC))
         l_acc = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
-        o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC))
+        o_acc = warpgroup_mma_init(gl.zeros([D_NOPE, NQ], gl.float32, ACC_O))
         for start in range(kv_start, kv_end, BLOCK_N):
             row_nx = gl.load(TILE_ROWS + t_begin + it + NUM_STAGES + 1, mask=it + NUM_STAGES + 1 < n_tiles, other=0)
             if KV_FP4:  # the next tile's first row: its block scales go out once this tile is converted
@@ -443,7 +455,7 @@ def _stage1_kernel(
             # QK on the tensor cores, asynchronously ...
             q_nt = q_nope_t
             q_rt = q_rope_t
-            if ROWS == 2:
+            if ROWS > 1:
                 # the work's q buffer indexed afresh each tile, by qb + a value the compiler cannot fold (0): indexed
                 # once per work, the QK's wgmma descriptors of q were computed before the tile loop and stayed live
                 # through it, beside Oᵀ (512 x 32: 128 registers) and the V operand, and Triton 3.6 spilled them
@@ -500,9 +512,14 @@ def _stage1_kernel(
                 p_smem.index(pb).store(_p_operand(p, mma_type, NQ, BLOCK_N))  # P rounded to the KV's fp8 (aiter's a8w8)
             else:
                 p_smem.index(pb).store(p.to(mma_type).permute([1, 0]))  # Pᵀ as (NQ, 64): tokens contiguous
+            if WG > 1:
+                a_smem.index(pb).store(alpha)
             fence_async_shared()  # generic-proxy writes (Pᵀ) and reads (V from the K tile) before async ones
             _cta_barrier()  # ... by every warp: Pᵀ complete
 
+            if WG > 1:  # every column's factor, for this warpgroup's rows of Oᵀ (double-buffered as Pᵀ is: a
+                # warpgroup a tile ahead writes the other buffer)
+                alpha = a_smem.index(pb).load(gl.SliceLayout(0, ACC_O))
             o_cur = o_cur * alpha[None, :]
             if ABLATE >= 2:  # ablation: no PV (and no V operand: the compiler drops its loads)
                 o_acc = warpgroup_mma_init(o_cur)

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.runtime.jit import constexpr_function
 
-__all__ = ["V_TO_OPERAND_64", "P_TO_OPERAND"]
+__all__ = ["V_TO_OPERAND_64", "V_TO_OPERAND_8W", "P_TO_OPERAND"]
 
 
 #: V of a tile in registers, as loaded from the K tile (token t, value dim d). Its lane and warp bits are those of
@@ -41,17 +40,17 @@ _V_REGS = gl.DistributedLinearLayout(
 )
 
 
-@constexpr_function
-def _v_regs(num_warps):  # noqa: ANN001, ANN202
-    """`_V_REGS` for `num_warps` warps (`stage1` runs 4: `_V_REGS` itself, at one or two q rows a work): a further
-    warpgroup would hold the same V (a broadcast warp bit), the wgmma's register operand being the same for every
-    column block of the accumulator."""
-    extra = int(getattr(num_warps, "value", num_warps)) // 4
-    if extra == 1:
-        return _V_REGS
-    return gl.DistributedLinearLayout(reg_bases=_V_REGS.reg_bases, lane_bases=_V_REGS.lane_bases,
-                                      warp_bases=_V_REGS.warp_bases + [[0, 0]] * (extra.bit_length() - 1),
-                                      block_bases=[], shape=[64, 512])  # fmt: skip
+#: `_V_REGS` for two warpgroups (8 warps), the accumulator Oᵀ split by rows between them (`stage1`'s ``ACC_O``): the
+#: operand's warp bits are rows m4, m5, m6, so a thread holds 8 dims (3 row bits) of 16 tokens, 8-byte loads; the 16
+#: lanes of a load phase see tokens t0, t1 and dims d3, d6, which the swizzle spreads over 16 distinct 8-byte bank
+#: pairs (0 conflicts).
+_V_REGS_8W = gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [4, 0], [8, 0], [16, 0], [32, 0]],
+    lane_bases=[[1, 0], [2, 0], [0, 8], [0, 64], [0, 16]],
+    warp_bases=[[0, 32], [0, 128], [0, 256]],
+    block_bases=[],
+    shape=[64, 512],
+)
 
 
 #: The relabellings as (factor shape, permutation) pairs for reshape + permute, shared by the kernel and the tests
@@ -59,6 +58,9 @@ def _v_regs(num_warps):  # noqa: ANN001, ANN202
 #: operand Vᵀ (512 rows m, tokens k); P (tokens, heads) viewed as (tokens / 16, t3 t2, t1 t0, heads), permuted to σ's
 #: order: token bits (1, 0) and (3, 2) swapped (the shape's first factor left to the tile).
 V_TO_OPERAND_64 = gl.constexpr(((4, 4, 4, 4, 2, 4, 8, 2), (6, 3, 7, 5, 4, 0, 2, 1)))
+#: The same for two warpgroups (`_V_REGS_8W`): t = (X, Y, Z), d = (A = d8 d7, B = d6, C = d5, D = d4, E = d3,
+#: F = d2 d1, G = d0) -> m = (F, A, C, G, D, B, E), k = (X, Z, Y) (π: m0..m8 -> d3 d6 d4 d0 d5 d7 d8 d1 d2).
+V_TO_OPERAND_8W = gl.constexpr(((4, 4, 4, 4, 2, 2, 2, 2, 4, 2), (8, 3, 5, 9, 6, 4, 7, 0, 2, 1)))
 P_TO_OPERAND = gl.constexpr(((4, 4), (0, 2, 1, 3)))
 
 
@@ -69,12 +71,18 @@ def _pv_operand(kn, DOT_A: gl.constexpr, REPORT: gl.constexpr):
     Loaded in `_V_REGS`, then relabelled: row m holds value dim ``d = π(m)`` and column k token ``t = σ(k)``, with
     ``π: m0..m8 -> d6 d4 d5 d0 d7 d8 d1 d2 d3`` and ``σ`` swapping token bits (0, 1) with (2, 3). A paged cache's
     tail rows are already zeroed in shared memory (`_zero_tail_rows`)."""
-    v = kn.load(_v_regs(gl.num_warps()))
-    if REPORT:  # compile-time count for `build` (printed by the compiler, not at run time)
-        gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
-    # t = (X = t5 t4, Y = t3 t2, Z = t1 t0), d = (A = d8 d7, B = d6, C = d5 d4, D = d3 d2 d1, E = d0);
-    # m = (D, A, E, C, B) and k = (X, Z, Y), most significant first
-    v = v.reshape(V_TO_OPERAND_64[0]).permute(V_TO_OPERAND_64[1]).reshape([512, 64])
+    if gl.num_warps() == 8:  # two warpgroups, each with its rows of Oᵀ (`V_TO_OPERAND_8W`)
+        v = kn.load(_V_REGS_8W)
+        if REPORT:  # compile-time count for `build` (printed by the compiler, not at run time)
+            gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
+        v = v.reshape(V_TO_OPERAND_8W[0]).permute(V_TO_OPERAND_8W[1]).reshape([512, 64])
+    else:
+        v = kn.load(_V_REGS)
+        if REPORT:
+            gl.static_print("mlalab hopper: V load bank conflicts =", gl.bank_conflicts(v.type, kn.type))
+        # t = (X = t5 t4, Y = t3 t2, Z = t1 t0), d = (A = d8 d7, B = d6, C = d5 d4, D = d3 d2 d1, E = d0);
+        # m = (D, A, E, C, B) and k = (X, Z, Y), most significant first
+        v = v.reshape(V_TO_OPERAND_64[0]).permute(V_TO_OPERAND_64[1]).reshape([512, 64])
     return gl.convert_layout(v, DOT_A)
 
 
