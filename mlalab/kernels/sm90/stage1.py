@@ -453,25 +453,15 @@ def _stage1_kernel(
                 # through the async one (right after the barrier wait instead, Triton 3.6's ptxas crashed)
                 fence_async_shared()
             # QK on the tensor cores, asynchronously ...
-            q_nt = q_nope_t
-            q_rt = q_rope_t
-            if ROWS > 1:
-                # the work's q buffer indexed afresh each tile, by qb + a value the compiler cannot fold (0): indexed
-                # once per work, the QK's wgmma descriptors of q were computed before the tile loop and stayed live
-                # through it, beside Oᵀ (512 x 32: 128 registers) and the V operand, and Triton 3.6 spilled them
-                # (168-184 B of local memory, 38-45 local loads / stores a tile; indexed here: 16-24 B, at most 2)
-                zq = (it < 0).to(gl.int32)
-                q_nt = qn_smem.index(qb + zq).permute((1, 0))
-                q_rt = qr_smem.index(qb + zq).permute((1, 0))
             if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
                 s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
             else:
-                s_tok = warpgroup_mma(kn, q_nt, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
+                s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
                                       is_async=True)  # fmt: skip
                 if KV_CONVERT:
-                    s_tok = warpgroup_mma(krb, q_rt, s_tok, is_async=True)
+                    s_tok = warpgroup_mma(krb, q_rope_t, s_tok, is_async=True)
                 else:
-                    s_tok = warpgroup_mma(kr_smem.index(s), q_rt, s_tok, is_async=True)
+                    s_tok = warpgroup_mma(kr_smem.index(s), q_rope_t, s_tok, is_async=True)
             # ... while the CUDA cores load this tile's V into the PV's A-operand registers (fp8 path)
             if V_IN_REGS:
                 v_op = _pv_operand(kn, DOT_A, REPORT)
