@@ -7,8 +7,9 @@ mlalab bench` times (CUDA-graph replays of 20 calls over KV copies rotated past 
 Prints one table; ``--out`` writes it (data/ab/ schema: B, L, a column of µs per peer and variant, floor, precision,
 provenance).
 
-Variants: a name of `VARIANTS` (the options a user can choose today), optionally ``@N`` for a plan of N slots (CTAs),
-optionally prefixed ``before:`` to run the same options on the code of another commit, given with ``--before DIR``
+Variants: a name of `VARIANTS` (the options a user can choose today), optionally ``@N`` for a plan of N slots (CTAs;
+without it, the backend's default plan), optionally prefixed ``before:`` to run the same options on the code of
+another commit, given with ``--before DIR``
 (DIR holds that commit's package renamed ``mlalab_before``, e.g. for the tag before the redesign:
 ``git archive experiments-2026-12 mlalab | tar -x -C DIR && mv DIR/mlalab DIR/mlalab_before``); the two codes share
 the process, the GPU and the inputs (the same seeded generator).
@@ -60,15 +61,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
 _BEFORE_NAMES = {"kernel": {"sm90": "hopper"}}
 
 
-def variant(name: str, sms: int) -> tuple[bool, int, dict[str, Any]]:
-    """``(before, plan slots, options)`` of a variant name (see the module docstring)."""
+def variant(name: str, sms: int) -> tuple[bool, int | None, dict[str, Any]]:
+    """``(before, plan slots, options)`` of a variant name (see the module docstring); slots None: the backend's
+    default plan (its code's own rule: e.g. SMs // q_len slots where a CTA runs one q row)."""
     before, _, rest = name.rpartition(":")
     if before not in ("", "before"):
         raise SystemExit(f"unknown prefix {before!r} in {name!r}: only 'before:'")
     base, _, slots = rest.partition("@")
     if base not in VARIANTS:
         raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots, before:)")
-    return before == "before", (int(slots) if slots else sms), dict(VARIANTS[base])
+    return before == "before", (int(slots) if slots else None), dict(VARIANTS[base])
 
 
 def _before_module(name: str) -> Any:
@@ -94,6 +96,7 @@ def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, sms
 
 def check(name: str, sms: int, precision: str, q_len: int = 1) -> bool:
     before, slots, opts = variant(name, sms)
+    slots = slots or sms
     if before:  # (the old code is checked by its own tests at its commit; here it is only timed)
         return True
     block = opts.pop("plan_block", None)
