@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Here (not on the device): download the peers' wheels for the device machine (x86-64, CPython 3.12, no internet
 # there) into .whl/ (ignored by git), which the device scripts install from (scripts/device_env.sh). The versions are
-# those of the recorded runs (README, data/README.md). FlashMLA needs only its wheel; FlashInfer also the dependencies its metadata
-# names that the device image lacks (apache-tvm-ffi, nvidia-cudnn-frontend, cuda-tile, nccl4py; this set has not yet
-# been tried together on the device). About 47 MB
-# of the 64 MiB a device call may carry; `PEERS=flashmla` fetches FlashMLA alone (10 MB).
+# those of the recorded runs (README, data/README.md). FlashMLA needs only its wheel; FlashInfer also the
+# dependencies its metadata names that the device image lacks (apache-tvm-ffi, nvidia-cudnn-frontend, cuda-tile,
+# nccl4py; this set has not yet been tried together on the device). About 47 MB of the 64 MiB a device call may
+# carry; `PEERS=flashmla` fetches FlashMLA alone (10 MB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
