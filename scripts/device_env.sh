@@ -1,5 +1,6 @@
 # Sourced by the device scripts (gpu_run.sh, gpu_acceptance.sh) from the repo root: installs the carried peer wheels
-# (.whl/) into /tmp/site and puts it and the repo on PYTHONPATH. $OUT must be set.
+# (.whl/, made here by scripts/device_wheels.sh) into /tmp/site and puts it and the repo on PYTHONPATH. $OUT must be
+# set.
 if ls .whl/*.whl >/dev/null 2>&1; then
   # one wheel at a time: a wheel for another Python (e.g. cp311 on the device's 3.12) must not drop the others
   for w in .whl/*.whl; do
