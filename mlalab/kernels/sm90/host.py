@@ -115,13 +115,14 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor) -> tuple[torc
     ``c·R + r`` running row ``r`` of each of them: the R CTAs of a slot stream the same KV tiles side by side, so
     the R reads of a tile are one read from HBM and R - 1 from L2, and each CTA's registers hold one row's
     accumulator (16 heads) as at q_len 1. With ``slots·R`` <= the SM count all of them run at once (the backend's
-    default plan has ``SMs // q_len`` slots). At q_len 1 the tables are the plan's own."""
+    default plan has ``SMs // q_len`` slots). A work without q rows runs nowhere (the kernel would write a row of the
+    next request). When every work has one row the tables are the plan's own."""
     wp = work_indptr.to("cpu", torch.int64)
     wi = work_info.to("cpu", torch.int64)
     n_cu = wp.numel() - 1
     rows = (wi[:, 3] - wi[:, 2]).clamp(min=0)
     R = max(1, int(rows.max())) if rows.numel() else 1
-    if R == 1:
+    if bool((rows == 1).all()):
         return wp.to(torch.int32), wi.to(torch.int32).contiguous()
     cu = torch.repeat_interleave(torch.arange(n_cu), wp.diff())  # each work's plan slot
     w = torch.repeat_interleave(torch.arange(wi.shape[0]), rows)  # a (work, row) pair per q row of every work
