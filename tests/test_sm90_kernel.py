@@ -130,6 +130,23 @@ def test_rows_per_cta_on_the_fp8_path_four_or_two_as_the_rows_divide() -> None:
         host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 3)
 
 
+def test_row_passes_drop_works_without_q_rows() -> None:
+    """A work of 0 q rows (a request without queries) runs nowhere: the kernel would compute a row at its qo_start and
+    write it over the next request's output. The other works keep their rows and slots."""
+    wp = torch.tensor([0, 2, 3], dtype=torch.int32)
+    wi = torch.tensor([[0, -1, 0, 1, 0, 100, 0, 0], [1, -1, 1, 1, 100, 200, 0, 0], [2, -1, 1, 2, 200, 300, 0, 0]],
+                      dtype=torch.int32)  # fmt: skip
+    cta_indptr, rows = host.row_passes(wp, wi)
+    assert cta_indptr.tolist() == [0, 1, 2]
+    assert rows.tolist() == [wi[0].tolist(), wi[2].tolist()]
+    wi2 = wi.clone()
+    wi2[:, 3] = wi2[:, 2] + torch.tensor([2, 0, 2], dtype=torch.int32)  # two rows a work, side by side
+    wi2[2, 2:4] = torch.tensor([2, 4], dtype=torch.int32)
+    cta_indptr, rows = host.row_passes(wp, wi2, 2)
+    assert cta_indptr.tolist() == [0, 1, 2]
+    assert rows.tolist() == [wi2[0].tolist(), wi2[2].tolist()]
+
+
 def test_tile_stream_follows_the_plan_and_the_page_table() -> None:
     # contiguous: tiles of 64 tokens from each work's start, rows = positions
     x = make_inputs(DecodeCase(kv_lens=(130, 0, 64, 65)))

@@ -117,8 +117,9 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
     the work is split, partial rows ``partial_qo_loc + g·P ..``. Plan slot ``c``'s works become ``G`` CTAs (``G`` =
     the most row groups of any work), CTA ``c·G + g`` running group ``g`` of each of them: the G CTAs of a slot stream
     the same KV tiles side by side, so the G reads of a tile are one read from HBM and G - 1 from L2. With
-    ``slots·G`` <= the SM count all of them run at once (the backend's default plan has ``SMs // G`` slots). With one
-    group per work the tables are the plan's own."""
+    ``slots·G`` <= the SM count all of them run at once (the backend's default plan has ``SMs // G`` slots). A work
+    without q rows runs nowhere (the kernel would write rows of the next request). When every work is one group of
+    ``P`` rows the tables are the plan's own."""
     if type(rows_per_cta) is not int or rows_per_cta not in (1, 2, 4):
         raise ValueError(f"rows_per_cta must be 1, 2 or 4, got {rows_per_cta!r}")
     wp = work_indptr.to("cpu", torch.int64)
@@ -129,7 +130,7 @@ def row_passes(work_indptr: torch.Tensor, work_info: torch.Tensor,
         raise ValueError(f"every work must cover a multiple of rows_per_cta={rows_per_cta} q rows")
     groups = rows // rows_per_cta
     G = max(1, int(groups.max())) if groups.numel() else 1
-    if G == 1 and bool((rows <= rows_per_cta).all()):
+    if bool((rows == rows_per_cta).all()):
         return wp.to(torch.int32), wi.to(torch.int32).contiguous()
     cu = torch.repeat_interleave(torch.arange(n_cu), wp.diff())  # each work's plan slot
     w = torch.repeat_interleave(torch.arange(wi.shape[0]), groups)  # a (work, group) pair per row group of every work
