@@ -371,3 +371,17 @@ def test_two_sweeps_never_write_one_output_at_once(tmp_path) -> None:
         ResultStore(out, grid)
     first.close()
     ResultStore(out, grid).close()  # free again
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_keys_and_run_ids_of_decimal_digits_stay_text(tmp_path: Path, suffix: str) -> None:
+    """A row key or run id is hex; one in every ~280 run ids ("660451655509") and a few keys of a 30,888-row study
+    are all decimal digits. Read back from a chunk as numbers they would match no key (the rows recomputed, a
+    resume test failing at random) or lose leading zeros: they come back as the text written."""
+    from mlalab.accuracy.store import read_table, save_table
+
+    keys = ["01234567890123456789", "12345678901234567890"]
+    df = pd.DataFrame({"row_key": keys, "run_id": ["660451655509"] * 2, "error": ["", ""], "rel_l2": [0.5, 0.25]})
+    back = read_table(save_table(df, tmp_path / f"t{suffix}"))
+    assert back.row_key.tolist() == keys and back.run_id.tolist() == ["660451655509"] * 2
+    assert back.error.tolist() == ["", ""] and back.rel_l2.tolist() == [0.5, 0.25]

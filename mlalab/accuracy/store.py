@@ -35,6 +35,9 @@ __all__ = [
 ]
 
 TABLE_SUFFIXES = (".csv", ".parquet")
+#: columns that are text whatever they look like: a row key or run id of hex digits that happen all to be decimal
+#: ("660451655509") would otherwise come back from a CSV as a number, and a chunk of them would no longer match
+TEXT_COLUMNS = ("row_key", "run_id", "error", "kv_lens", "device", "mlalab_version", "torch_version")
 
 
 class ForeignOutputError(ValueError):
@@ -92,8 +95,9 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
         raise ValueError(f"path must end in .csv or .parquet, got {p.name!r}")
     if not p.is_file():
         raise FileNotFoundError(f"no table at {str(p)!r}")
-    df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
-    return _normalise(df)
+    if p.suffix == ".parquet":
+        return _normalise(pd.read_parquet(p))
+    return _normalise(pd.read_csv(p, dtype=dict.fromkeys(TEXT_COLUMNS, str)))  # (absent columns are ignored)
 
 
 def recorded_studies(data_root: str | os.PathLike[str] | None = None) -> dict[str, str]:
