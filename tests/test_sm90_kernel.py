@@ -335,8 +335,8 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "runs += [(p, True, None, 0, 0, None, 1) for p in ('v-regs', 'v-tile', 'v-conv')]  # token tables\n"
         "runs += [('v-regs', True, 2, 0, 0, None, 1)]  # (token tables with a deferred ring fill, as launched)\n"
         "runs = [(*r, 1) for r in runs]\n"
-        "runs += [('v-regs', m, None, 0, 0, None, pg, rw) for m, pg in ((False, None), (True, None), (True, 16))\n"
-        "         for rw in (2, 4)]  # q rows side by side on two warpgroups\n"
+        "runs += [('v-regs', m, fb, 0, 0, None, pg, rw) for m, pg in ((False, None), (True, None), (True, 16))\n"
+        "         for fb in (None, 2) for rw in (2, 4)]  # q rows side by side on two warpgroups\n"
         "for path, mask, fb, tl, ab, prec, pg, rw in runs:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
         "                       page=pg, rows=rw)\n"
@@ -347,7 +347,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0), rw)\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 35, out
+    assert len(rows) == 41, out
     for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2, rw in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
         if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
