@@ -37,8 +37,9 @@ PORTABLE_TESTS = ("tests/test_triton_kernels.py",)
 FP4_TESTS = ("tests/test_fp4_kernels.py",)
 
 #: name -> (module, exact text, replacement, what it breaks, the GPU tests that must catch it, CPU build check)
-#: build check: ("stage1", paths) compiles stage 1 on those paths, ("reduce", max_partials) the Gluon reduce,
-#: ("triton-reduce", max_partials) the Triton reduce, None: none (portable stage 1 is checked by the interpreter).
+#: build check: ("stage1", paths) compiles stage 1 on those paths, ("stage1-rows", rows) the fp8 path with that many
+#: q rows a CTA, ("reduce", max_partials) the Gluon reduce, ("triton-reduce", max_partials) the Triton reduce, None:
+#: none (portable stage 1 is checked by the interpreter).
 MUTANTS: dict[str, tuple[str, str, str, str, tuple[str, ...], tuple | None]] = {
     "stage1-no-log2e": (
         "mlalab/kernels/sm90/stage1.py",
@@ -74,6 +75,13 @@ MUTANTS: dict[str, tuple[str, str, str, str, tuple[str, ...], tuple | None]] = {
         "alpha = gl.exp2(m_new - m_new)",
         "sm_90 stage 1: the running sum and output not rescaled when the max grows (online softmax broken)",
         SM90_TESTS, ("stage1", ("v-regs", "v-tile", "v-conv")),
+    ),
+    "stage1-alpha-parity": (
+        "mlalab/kernels/sm90/stage1.py",
+        "alpha = a_smem.index(pb).load(",
+        "alpha = a_smem.index(1 - pb).load(",
+        "sm_90 stage 1 on two warpgroups (q_len 2, 4): every column's rescale factor read from the other tile's buffer",
+        SM90_TESTS, ("stage1-rows", (2, 4)),
     ),
     "portable-no-log2e": (
         "mlalab/kernels/portable.py",
@@ -193,8 +201,8 @@ from mlalab.kernels.sm90.build import compile_reduce, compile_stage1, compile_tr
 kind, args = sys.argv[1], json.loads(sys.argv[2])
 out = {}
 for a in args:
-    r = (compile_stage1(a) if kind == "stage1" else compile_reduce(a) if kind == "reduce"
-         else compile_triton_reduce(a))
+    r = (compile_stage1(a) if kind == "stage1" else compile_stage1("v-regs", rows=a) if kind == "stage1-rows"
+         else compile_reduce(a) if kind == "reduce" else compile_triton_reduce(a))
     out[str(a)] = {"registers": r.registers, "sass": r.sass,
                    "listing": hashlib.sha256(r.listing.encode()).hexdigest()}  # (a changed constant shows here)
 print("BUILD " + json.dumps(out))
