@@ -613,6 +613,29 @@ def test_gpu_q_rows_side_by_side_paged_with_nan_and_many_works(q_len: int, page:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize(("counts", "rows"), [((2, 6, 4, 2, 6, 2), 2), ((4, 8, 4, 8, 8, 4), 4)])
+def test_gpu_q_rows_side_by_side_with_q_counts_that_differ(counts: tuple[int, ...], rows: int) -> None:
+    """Requests with different numbers of q rows (a batch mixing q_len 2, 4 and 6, or 4 and 8): works of more rows than
+    a CTA runs become several CTAs of a slot (`host.row_passes`), each its group of `rows` q rows side by side on two
+    warpgroups, on contiguous and paged caches and plans of few and many slots."""
+    from mlalab.backends.triton import build_plan
+
+    qmax = max(counts)
+    lens = (700, 65, 3000, 1, 130, 900)
+    for page in (1, 64):
+        x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=qmax, page_size=page, permute_pages=page > 1, seed=4,
+                                           dist="unit")))  # fmt: skip
+        keep = torch.cat([torch.arange(b * qmax, b * qmax + c) for b, c in enumerate(counts)])
+        qo = torch.zeros(len(counts) + 1, dtype=torch.int32)
+        qo[1:] = torch.cumsum(torch.tensor(counts), 0)
+        x = dataclasses.replace(x, q=x.q[keep].contiguous(), qo_indptr=qo).to("cuda")
+        p = prepare(x, "a8w8")
+        for planner, slots, knobs in (("simple", 132, {"block": 1}), ("balanced", 5, {})):
+            _check(p, build_plan(x, planner, slots, **knobs), peaked=True, rows=rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("q_len", [1, 2, 4])
 def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
     """The triton backend's default plan where the sm_90 kernel runs: one slot an SM for a8w8 at every q_len (a CTA

@@ -240,15 +240,20 @@ def test_interpreter_row_passes_compute_the_plan() -> None:
     """Speculative decode on the sm_90 kernel runs a plan's works of q_len rows as works of 1, 2 or 4 rows on q_len,
     q_len / 2 or q_len / 4 CTAs (`mlalab.kernels.sm90.host.row_passes`). Executed by the portable kernel (whose per-work
     contract the sm_90 kernel shares), those tables give the plan's own output — q rows, partial rows and the reduce
-    all where the plan puts them — at q_len 2 and 4, split and unsplit requests, on peaked inputs where the baselines
-    fail."""
+    all where the plan puts them — at q_len 2 and 4 and with q rows that differ by request (works of 2 to 8 rows), split
+    and unsplit requests, on peaked inputs where the baselines fail."""
     out = _interp(
         """
         from mlalab.kernels.sm90.host import row_passes
-        for q_len, per in ((2, 1), (4, 1), (4, 2), (4, 4)):
+        for q_len, per, counts in ((2, 1, None), (4, 1, None), (4, 2, None), (4, 4, None), (6, 2, (2, 6, 2, 4)),
+                                   (8, 4, (4, 8, 8, 4))):  # (q rows that differ by request)
             for planner in ("simple", "balanced"):
                 x = make_inputs(DecodeCase(kv_lens=(37, 130, 0, 70), q_len=q_len, seed=4, dist="unit"))
                 x = dataclasses.replace(x, q=(x.q.float() * 3).to(torch.bfloat16))
+                if counts:
+                    keep = torch.cat([torch.arange(b * q_len, b * q_len + c) for b, c in enumerate(counts)])
+                    qo = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+                    x = dataclasses.replace(x, q=x.q[keep].contiguous(), qo_indptr=qo)
                 p = prepare(x, "bf16")
                 plan = make_plan(planner, x.qo_indptr, x.kv_indptr, 6, **({"block": 16} if planner == "simple" else {}))
                 want, want_lse = (t.clone() for t in Decoder(p, plan, out_dtype=torch.float32, pv_exact=True)())
@@ -267,7 +272,7 @@ def test_interpreter_row_passes_compute_the_plan() -> None:
         """
     )
     rows = [ln.split()[1:] for ln in out.splitlines() if ln.startswith("ROW")]
-    assert len(rows) == 8, out
+    assert len(rows) == 12, out
     for q_len, planner, e, diff, fails in rows:
         assert float(e) <= 1e-5 and float(diff) <= 1e-6, (q_len, planner, out)
         assert fails == "1", out
