@@ -104,6 +104,8 @@ def test_malformed_lists_are_refused_not_repaired(capsys) -> None:
                            ("sweep", "--kv-len", "1024,,8192"), ("bench", "--q-lens", "1,,2")):  # fmt: skip
         err = _main_error(capsys, cmd, flag, bad)
         assert flag in err and ("empty item" in err or "integers" in err), (cmd, err)
+    err = _main_error(capsys, "sm90-build", "--rows", "1,3")
+    assert "--rows" in err and "each must be 1, 2 or 4, got 1,3" in err
     from mlalab.__main__ import main
 
     assert main(["explore", "--mixes", "uniform,,bimodal"]) != 0

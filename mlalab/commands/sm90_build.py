@@ -15,11 +15,20 @@ ORDER = 70
 _PATHS = ("v-regs", "v-tile", "v-conv", "v-fp4", "v-fp4-e4m3")
 
 
+def _rows(text: str) -> tuple[int, ...]:
+    rows = parse_int_list(text)
+    if any(r not in (1, 2, 4) for r in rows):
+        raise argparse.ArgumentTypeError(f"each must be 1, 2 or 4, got {text}")
+    return rows
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paths", type=parse_csv_items, default=_PATHS, help="stage-1 paths: v-regs (a8w8), v-tile "
                    "(bf16), v-conv (a16w8), v-fp4 (the four fp4-KV precisions), v-fp4-e4m3 (a8w4-mxfp4 on fp8 wgmma); "
                    "default all")  # fmt: skip
     p.add_argument("--paged", action="store_true", help="with the masked tiles of a paged cache")
+    p.add_argument("--rows", type=_rows, default=(1,), help="q rows a CTA of the v-regs builds: 1, or 2 / 4 "
+                   "side by side on two warpgroups (speculative decode); e.g. 1,2,4 (default 1)")  # fmt: skip
     p.add_argument("--reduce", type=parse_int_list, default=(2, 8, 16, 64),
                    help="max partials per request of the Gluon reduce builds")  # fmt: skip
     p.add_argument("--json", action="store_true")
@@ -40,10 +49,11 @@ def run(a: argparse.Namespace) -> int:
 
     paged = " paged" if a.paged else ""
     reports = []
-    for p in paths:  # v-fp4: one build per fp4 precision (q type x MXFP4 / NVFP4)
+    for p in paths:  # v-fp4: one build per fp4 precision (q type x MXFP4 / NVFP4); v-regs: one per q rows a CTA
         for prec in FP4_BUILDS if p == "v-fp4" else (None,):
-            name = f"stage1 {p}{f' {prec}' if prec else ''}{paged}"
-            reports.append((name, compile_stage1(p, mask_tail=a.paged, precision=prec)))
+            for rows in a.rows if p == "v-regs" else (1,):
+                name = f"stage1 {p}{f' {prec}' if prec else ''}{f' {rows} q rows' if rows > 1 else ''}{paged}"
+                reports.append((name, compile_stage1(p, mask_tail=a.paged, precision=prec, rows=rows)))
     reports += [(f"reduce <= {n} partials", compile_reduce(n)) for n in counts]
     rows = []
     for name, r in reports:
