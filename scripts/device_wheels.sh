@@ -3,8 +3,9 @@
 # there) into .whl/ (ignored by git), which the device scripts install from (scripts/device_env.sh). The versions are
 # those of the recorded runs (README, data/README.md). FlashMLA needs only its wheel; FlashInfer also the
 # dependencies its metadata names that the device image lacks (apache-tvm-ffi, nvidia-cudnn-frontend, cuda-tile,
-# nccl4py; this set has not yet been tried together on the device). About 47 MB of the 64 MiB a device call may
-# carry; `PEERS=flashmla` fetches FlashMLA alone (10 MB).
+# nccl4py; with them `flashinfer.mla` imports under CPython 3.12 and the image's other packages, checked on a CPU on
+# 2026-12-07; its JIT build on the device is untried). About 47 MB of the 64 MiB a device call may carry;
+# `PEERS=flashmla` fetches FlashMLA alone (10 MB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
