@@ -31,13 +31,6 @@ if [ -n "${TEST_K:-}" ]; then
   echo "pytest rc=$? at $(el) s" | tee -a "$OUT/pytest_ab.log"; tail -4 "$OUT/pytest_ab.log"
 fi
 [ "$END" -gt "$(($(el) + 60))" ] || exit 0
-M="timeout $((END - $(el) - 20)) env OMP_NUM_THREADS=2 python3 scripts/mutate_gpu.py --no-clean --timeout 200"
-( $M --only stage1-no-log2e reduce-no-log2e reduce-online-no-log2e > "$OUT/mutate_gpu_1.log" 2>&1 ) &
-( $M --only epilogue-lse-base2 stage1-no-rescale portable-no-log2e triton-reduce-no-log2e > "$OUT/mutate_gpu_2.log" 2>&1 ) &
-( $M --only e4m3-no-logit-shift e4m3-sum-unscaled e4m3-score-unscaled e4m3-window-low e4m3-table-entry -k e4m3 \
-  > "$OUT/mutate_gpu_3.log" 2>&1 ) &
-timeout $((END - $(el))) python3 -m pytest -p no:cacheprovider -m gpu -n 6 -v -rfE --durations=30 \
-  --continue-on-collection-errors --timeout 280 tests > "$OUT/pytest_suite.log" 2>&1
-echo "pytest rc=$? at $(el) s" | tee -a "$OUT/pytest_suite.log"; wait
+start_kernel_mutants $((END - $(el) - 20)) 200
+run_gpu_suite $((END - $(el))) 6; wait
 grep -hE "^(killed|survived|invalid|no tests)|mutants;" "$OUT"/mutate_gpu_*.log
-grep -E "passed|failed" "$OUT/pytest_suite.log" | tail -2; grep -E "^FAILED|^ERROR" "$OUT/pytest_suite.log" | head -20
