@@ -61,7 +61,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 _BEFORE_NAMES = {"kernel": {"sm90": "hopper"}}
 
 
-def variant(name: str, sms: int) -> tuple[bool, int | None, dict[str, Any]]:
+def variant(name: str) -> tuple[bool, int | None, dict[str, Any]]:
     """``(before, plan slots, options)`` of a variant name (see the module docstring); slots None: the backend's
     default plan (its code's own rule: e.g. SMs // q_len slots where a CTA runs one q row)."""
     before, _, rest = name.rpartition(":")
@@ -82,9 +82,9 @@ def _before_module(name: str) -> Any:
         ) from None
 
 
-def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, sms: int) -> Any:
+def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int) -> Any:
     """``call(i)`` of variant `name` at B x L x q_len (its own inputs: the same seeded generator in either code)."""
-    before, slots, opts = variant(name, sms)
+    before, slots, opts = variant(name)
     if not before:
         x = make_inputs(DecodeCase.uniform(B, L, q_len=q_len)).to("cuda")
         return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
@@ -95,7 +95,7 @@ def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, sms
 
 
 def check(name: str, sms: int, precision: str, q_len: int = 1) -> bool:
-    before, slots, opts = variant(name, sms)
+    before, slots, opts = variant(name)
     slots = slots or sms
     if before:  # (the old code is checked by its own tests at its commit; here it is only timed)
         return True
@@ -149,8 +149,8 @@ def main() -> None:
         raise SystemExit(f"--q-len must be in [1, 16], got {a.q_len}")
     shapes = COMPETITION_SHAPES if not a.shapes else [tuple(int(t) for t in s.split("x")) for s in a.shapes.split(",")]
     shapes = sorted(shapes, key=lambda s: (s[1], s[0]))
-    for n in names:  # unknown names fail first, on any machine (the SM count only scales the plan slots)
-        variant(n, 1)
+    for n in names:  # unknown names fail first, on any machine
+        variant(n)
     if a.before:
         sys.path.insert(0, a.before)
     if not torch.cuda.is_available():
@@ -176,7 +176,7 @@ def main() -> None:
                 line[peer] = float("nan")
         for name in names:
             try:
-                call = _callable(name, B, L, a.q_len, a.precision, n, sms)
+                call = _callable(name, B, L, a.q_len, a.precision, n)
                 call(0)
                 line[name] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001

@@ -2,7 +2,7 @@
 # One device call (from the repo root on the device) that decides a kernel change: experiments/ab.py times this
 # tree's kernels against another commit's (`before:auto`) beside FlashMLA, after checking them against the fp64
 # oracle, at each q_len of Q_LENS with the GPU to itself; then the GPU tests named by TEST_K; then, while END_S allows,
-# the kernel mutants (scripts/mutate_gpu.py, 3 processes) beside the whole GPU suite. Every result is written under
+# the 12 kernel mutants (scripts/mutate_gpu.py, 3 processes) beside the whole GPU suite. Every result is written under
 # $OUT as it goes (8 files at most: ab.log, ab_q*.csv, pytest_ab.log, mutate_gpu_{1,2,3}.log, pytest_suite.log), so a
 # call cut short still returns what finished.
 # Here first: scripts/device_wheels.sh (PEERS=flashmla is enough); the other commit's package as .before/mlalab_before
@@ -31,13 +31,6 @@ if [ -n "${TEST_K:-}" ]; then
   echo "pytest rc=$? at $(el) s" | tee -a "$OUT/pytest_ab.log"; tail -4 "$OUT/pytest_ab.log"
 fi
 [ "$END" -gt "$(($(el) + 60))" ] || exit 0
-M="timeout $((END - $(el) - 20)) env OMP_NUM_THREADS=2 python3 scripts/mutate_gpu.py --no-clean --timeout 200"
-( $M --only stage1-no-log2e reduce-no-log2e reduce-online-no-log2e stage1-alpha-parity > "$OUT/mutate_gpu_1.log" 2>&1 ) &
-( $M --only epilogue-lse-base2 stage1-no-rescale portable-no-log2e triton-reduce-no-log2e > "$OUT/mutate_gpu_2.log" 2>&1 ) &
-( $M --only e4m3-no-logit-shift e4m3-sum-unscaled e4m3-score-unscaled e4m3-window-low e4m3-table-entry -k e4m3 \
-  > "$OUT/mutate_gpu_3.log" 2>&1 ) &
-timeout $((END - $(el))) python3 -m pytest -p no:cacheprovider -m gpu -n 6 -v -rfE --durations=30 \
-  --continue-on-collection-errors --timeout 280 tests > "$OUT/pytest_suite.log" 2>&1
-echo "pytest rc=$? at $(el) s" | tee -a "$OUT/pytest_suite.log"; wait
+start_kernel_mutants $((END - $(el) - 20)) 200
+run_gpu_suite $((END - $(el))) 6; wait
 grep -hE "^(killed|survived|invalid|no tests)|mutants;" "$OUT"/mutate_gpu_*.log
-grep -E "passed|failed" "$OUT/pytest_suite.log" | tail -2; grep -E "^FAILED|^ERROR" "$OUT/pytest_suite.log" | head -20

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU runs that the open issues' acceptance still needs, in ONE device call (run from the repo root on the
-# device, with the peer wheels carried in .whl/ and, where the copy has no .git, the commit in .head): the
+# device, with the peer wheels carried in .whl/ and, where the copy has no .git, the commit in .head): the twelve
 # kernel mutants of scripts/mutate_gpu.py in three processes beside the accuracy study's remaining rows (issues 33
 # and 30), then the whole GPU suite at this commit in 8 xdist processes (tests/conftest.py gives each cores // 8
 # torch threads) until END_S seconds after the start. Everything is written under $OUT as it goes (at most 8 files
@@ -21,16 +21,7 @@ S=$OUT/$(basename "$STUDY"); cp "$STUDY" "$S"
 ( timeout $((LIM + 15)) python3 -m mlalab sweep --shapes competition,256x1024 --dist all --seed 0,1,2 --q-schemes all \
   --kv-schemes all --fp8-formats e4m3fn,e4m3fnuz --device cuda --workers "$SW" --time-limit "$LIM" --no-progress \
   --out "$S" > "$OUT/study.log" 2>&1; echo "study rc=$? at $(($(date +%s) - T0)) s" >> "$OUT/study.log" ) &
-# the mutants: the unmutated kernels are checked by the suite below (--no-clean)
-M="timeout $((LIM + 10)) env OMP_NUM_THREADS=3 python3 scripts/mutate_gpu.py --no-clean --timeout $LIM"
-( $M --only stage1-no-log2e reduce-no-log2e reduce-online-no-log2e stage1-alpha-parity > "$OUT/mutate_gpu_1.log" 2>&1 ) &
-( $M --only epilogue-lse-base2 stage1-no-rescale portable-no-log2e triton-reduce-no-log2e > "$OUT/mutate_gpu_2.log" 2>&1 ) &
-( $M --only e4m3-no-logit-shift e4m3-sum-unscaled e4m3-score-unscaled e4m3-window-low e4m3-table-entry -k e4m3 \
-  > "$OUT/mutate_gpu_3.log" 2>&1 ) &
+start_kernel_mutants $((LIM + 10)) "$LIM"
 wait; echo "mutants and study done at $(($(date +%s) - T0)) s"
 grep -hE "^(killed|survived|invalid|no tests)|mutants;" "$OUT"/mutate_gpu_*.log; tail -3 "$OUT/study.log"
-# the suite (-v: a cut run still names every test that passed)
-TRITON_CACHE_DIR=$PWD/.tcache timeout $((END - ($(date +%s) - T0))) python3 -m pytest -p no:cacheprovider -m gpu -n 8 \
-  -v -rfE --durations=30 --continue-on-collection-errors --timeout 280 tests > "$OUT/pytest_suite.log" 2>&1
-echo "pytest rc=$? at $(($(date +%s) - T0)) s" | tee -a "$OUT/pytest_suite.log"
-grep -E "passed|failed" "$OUT/pytest_suite.log" | tail -2; grep -E "^FAILED" "$OUT/pytest_suite.log" | head -20
+run_gpu_suite $((END - ($(date +%s) - T0))) 8
