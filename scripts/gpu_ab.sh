@@ -2,7 +2,7 @@
 # One device call (from the repo root on the device) that decides a kernel change: experiments/ab.py times this
 # tree's kernels against another commit's (`before:auto`) beside FlashMLA, after checking them against the fp64
 # oracle, at each q_len of Q_LENS with the GPU to itself; then the GPU tests named by TEST_K; then, while END_S allows,
-# the 12 kernel mutants (scripts/mutate_gpu.py, 3 processes) beside the whole GPU suite. Every result is written under
+# the kernel mutants (scripts/mutate_gpu.py, 3 processes) beside the whole GPU suite. Every result is written under
 # $OUT as it goes (8 files at most: ab.log, ab_q*.csv, pytest_ab.log, mutate_gpu_{1,2,3}.log, pytest_suite.log), so a
 # call cut short still returns what finished.
 # Here first: scripts/device_wheels.sh (PEERS=flashmla is enough); the other commit's package as .before/mlalab_before

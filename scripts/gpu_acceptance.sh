@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU runs that the open issues' acceptance still needs, in ONE device call (run from the repo root on the
-# device, with the peer wheels carried in .whl/ and, where the copy has no .git, the commit in .head): the twelve
+# device, with the peer wheels carried in .whl/ and, where the copy has no .git, the commit in .head): the
 # kernel mutants of scripts/mutate_gpu.py in three processes beside the accuracy study's remaining rows (issues 33
 # and 30), then the whole GPU suite at this commit in 8 xdist processes (tests/conftest.py gives each cores // 8
 # torch threads) until END_S seconds after the start. Everything is written under $OUT as it goes (at most 8 files
