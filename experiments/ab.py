@@ -23,7 +23,8 @@ the process, the GPU and the inputs (the same seeded generator).
     python experiments/ab.py --q-len 4 --before .n32 --variants auto,before:auto         # speculative decode
 
 ``--q-len`` (default 1) times speculative decode: q_len query rows a request, every one seeing the whole KV (FlashMLA
-with s_q = q_len); the table then has a ``q_len`` column.
+with s_q = q_len); the table then has a ``q_len`` column. ``--causal`` masks as speculative verification does (q row i
+sees all but the q_len - 1 - i newest tokens; FlashMLA's ``causal``); the table then has a ``causal`` column.
 """
 
 from __future__ import annotations
@@ -82,11 +83,11 @@ def _before_module(name: str) -> Any:
         ) from None
 
 
-def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int) -> Any:
+def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, causal: bool = False) -> Any:
     """``call(i)`` of variant `name` at B x L x q_len (its own inputs: the same seeded generator in either code)."""
     before, slots, opts = variant(name)
     if not before:
-        x = make_inputs(DecodeCase.uniform(B, L, q_len=q_len)).to("cuda")
+        x = make_inputs(DecodeCase.uniform(B, L, q_len=q_len, causal=causal)).to("cuda")
         return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
     old_inputs, old_config, old_triton = (_before_module(m) for m in ("inputs", "config", "backends.triton"))
     x = old_inputs.make_inputs(old_config.DecodeCase.uniform(B, L, q_len=q_len)).to("cuda")
@@ -94,7 +95,7 @@ def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int) -> 
     return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **old)[0]
 
 
-def check(name: str, sms: int, precision: str, q_len: int = 1) -> bool:
+def check(name: str, sms: int, precision: str, q_len: int = 1, causal: bool = False) -> bool:
     before, slots, opts = variant(name)
     slots = slots or sms
     if before:  # (the old code is checked by its own tests at its commit; here it is only timed)
@@ -104,7 +105,8 @@ def check(name: str, sms: int, precision: str, q_len: int = 1) -> bool:
     cases = [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40,
              (8192,) * 4, (100,) * 150]  # fmt: skip
     for lens in cases:
-        x = make_inputs(DecodeCase(kv_lens=tuple(lens), q_len=q_len, seed=4)).to("cuda")
+        lens = [max(n, q_len) if n and causal else n for n in lens]  # causal: a request holds >= q_len tokens
+        x = make_inputs(DecodeCase(kv_lens=tuple(lens), q_len=q_len, seed=4, causal=causal)).to("cuda")
         p = prepare(x, precision)
         ref, ref_lse = naive_decode(p)
         live = ref.norm(dim=-1) > 0
@@ -141,6 +143,7 @@ def main() -> None:
     ap.add_argument("--precision", default="a8w8", choices=[p.value for p in PRECISIONS])
     ap.add_argument("--before", default=None, help="a folder holding another commit's package as mlalab_before")
     ap.add_argument("--q-len", type=int, default=1, help="query rows a request (speculative decode; default 1)")
+    ap.add_argument("--causal", action="store_true", help="speculative verification's causal mask (with --q-len)")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -150,14 +153,15 @@ def main() -> None:
     shapes = COMPETITION_SHAPES if not a.shapes else [tuple(int(t) for t in s.split("x")) for s in a.shapes.split(",")]
     shapes = sorted(shapes, key=lambda s: (s[1], s[0]))
     for n in names:  # unknown names fail first, on any machine
-        variant(n)
+        if variant(n)[0] and a.causal:
+            raise SystemExit(f"--causal: {n} runs another commit's code, which may not know the causal mask")
     if a.before:
         sys.path.insert(0, a.before)
     if not torch.cuda.is_available():
         raise SystemExit("ab.py needs a CUDA GPU (it times the kernels)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.time()
-    good = {n: a.no_check or check(n, sms, a.precision, a.q_len) for n in names}
+    good = {n: a.no_check or check(n, sms, a.precision, a.q_len, a.causal) for n in names}
     print(f"checks done in {time.time() - t0:.0f} s", flush=True)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
@@ -165,10 +169,10 @@ def main() -> None:
     peers = [p for p in a.peers.split(",") if p and p != "none"]
     for B, L in shapes:
         n = rotation_copies(kv_cache_bytes(B, L, a.precision))
-        line: dict[str, Any] = {"B": B, "L": L, "q_len": a.q_len}
+        line: dict[str, Any] = {"B": B, "L": L, "q_len": a.q_len, "causal": a.causal}
         for peer in peers:
             try:
-                x = make_inputs(DecodeCase.uniform(B, L, q_len=a.q_len)).to("cuda")
+                x = make_inputs(DecodeCase.uniform(B, L, q_len=a.q_len, causal=a.causal)).to("cuda")
                 call, _ = get_backend(peer).make_callable(x, precision=a.precision, n_copies=n)
                 line[peer] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
@@ -176,7 +180,7 @@ def main() -> None:
                 line[peer] = float("nan")
         for name in names:
             try:
-                call = _callable(name, B, L, a.q_len, a.precision, n)
+                call = _callable(name, B, L, a.q_len, a.precision, n, a.causal)
                 call(0)
                 line[name] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
@@ -197,7 +201,7 @@ def main() -> None:
     print("checks: " + ", ".join(f"{n}={'PASS' if good[n] else 'FAIL'}" for n in names))
     if a.out and rows:
         prov = provenance()  # device, versions, date in every row
-        keys = ("B", "L", *(("q_len",) if a.q_len > 1 else ()), *cols, "floor")
+        keys = ("B", "L", *(("q_len",) if a.q_len > 1 else ()), *(("causal",) if a.causal else ()), *cols, "floor")
         write_rows_csv(a.out, [{**{k: r.get(k) for k in keys}, "precision": a.precision, **prov} for r in rows])
 
 

@@ -96,7 +96,10 @@ class DecodeCase:
         kv_lens: number of KV tokens of each request (the batch size is its length). 0 is allowed only
             where a caller opts in (see `reference.decode_reference(empty_policy=...)`).
         q_len: query tokens per request: 1 for plain decode, 2 or 4 for speculative decode (every query
-            token sees all of its request's KV, as in the competition).
+            token sees all of its request's KV, as in the competition, unless `causal`).
+        causal: speculative verification's mask: q row i of a request with n KV tokens and q rows sees its first
+            ``n - (q - 1 - i)`` tokens (the draft tokens' own KV are the request's newest; aiter's `causal`,
+            FlashMLA's `causal`). Needs every non-empty request to hold at least q_len tokens.
         seed: seed of the torch CPU generator that draws q and kv.
         dist: input distribution name (see `InputDist`).
         scale: standard deviation multiplier; None means the distribution's default (0.02, or 1 for "unit").
@@ -118,6 +121,7 @@ class DecodeCase:
     page_size: int = 1
     permute_pages: bool = False
     pool_factor: int = 1
+    causal: bool = False
     config: MLAConfig = field(default=MLA)
 
     def __post_init__(self) -> None:
@@ -151,6 +155,15 @@ class DecodeCase:
             raise ValueError(f"DecodeCase.outlier_channels must be in [0, {self.config.qk_dim}]")
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
             raise ValueError(f"DecodeCase.page_size must be a positive int, got {self.page_size!r}")
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"DecodeCase.causal must be a bool, got {self.causal!r}")
+        if self.causal:
+            for i, n in enumerate(kv):
+                if 0 < n < self.q_len:
+                    raise ValueError(
+                        f"DecodeCase.kv_lens[{i}] = {n} is shorter than q_len {self.q_len} with causal=True: its first "
+                        "q row would see no token"
+                    )
 
     @classmethod
     def uniform(cls, batch: int, kv_len: int, **kw: object) -> DecodeCase:
@@ -180,7 +193,8 @@ class DecodeCase:
     def short_str(self) -> str:
         lens = self.kv_lens
         kv = f"L{lens[0]}" if len(set(lens)) == 1 else f"ragged{min(lens)}-{max(lens)}"
-        return f"B{self.batch}-{kv}-q{self.q_len}-{self.dist.value}-s{self.seed}"
+        causal = "c" if self.causal else ""
+        return f"B{self.batch}-{kv}-q{self.q_len}{causal}-{self.dist.value}-s{self.seed}"
 
 
 @dataclass(frozen=True)

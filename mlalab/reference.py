@@ -7,7 +7,8 @@ For each request ``b`` and each of its query rows ``i`` and heads ``h``::
     out    = sum_j exp(s[j] - lse) * K[j, :512]               values are the first 512 latent dims
 
 Every query token of a request sees all of its KV (decode with q_len > 1 = speculative decode, as in the
-competition; no causal mask). Computation is float64 on the CPU and float32 on a GPU unless asked otherwise.
+competition), or with ``causal`` (speculative verification) q row ``i`` of ``q`` rows sees the first ``n - (q - 1 - i)``
+of the request's ``n`` tokens. Computation is float64 on the CPU and float32 on a GPU unless asked otherwise.
 """
 
 from __future__ import annotations
@@ -21,10 +22,20 @@ from .checks import check_finite, check_indptr, check_tensor, ensure_fits
 from .config import MLA, MLAConfig
 from .inputs import DecodeInputs, kv_lens_from_layout
 
-__all__ = ["decode_reference", "decode_inputs_reference", "decode_naive_loop", "check_decode_args", "EmptyPolicy"]
+__all__ = ["decode_reference", "decode_inputs_reference", "decode_naive_loop", "check_decode_args", "causal_visible",
+           "EmptyPolicy"]  # fmt: skip
 
 EmptyPolicy = Literal["error", "zeros"]
 _FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def causal_visible(n_tokens: int, n_rows: int) -> torch.Tensor:
+    """``(n_rows,)`` int64: how many of a request's first tokens each of its q rows sees under the causal mask of
+    speculative verification, ``n - (q - 1 - i)`` for row i (the last row sees all n)."""
+    if n_rows < 1 or n_tokens < n_rows:
+        raise ValueError(f"causal decode: a request of {n_tokens} KV tokens cannot serve {n_rows} q rows (its first "
+                         "row would see no token); it needs at least as many tokens as q rows")  # fmt: skip
+    return n_tokens - (n_rows - 1 - torch.arange(n_rows, dtype=torch.int64))
 
 
 def check_decode_args(
@@ -38,6 +49,7 @@ def check_decode_args(
     config: MLAConfig = MLA,
     input_dtypes: tuple[torch.dtype, ...] = _FLOAT_INPUT_DTYPES,
     empty_policy: EmptyPolicy = "error",
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Validate a decode call; return ``(kv_buffer as 4-D, kv_indices, kv_last_page_len, page_size)``.
 
@@ -106,6 +118,13 @@ def check_decode_args(
         )
     if empty_policy not in ("error", "zeros"):
         raise ValueError(f"empty_policy must be 'error' or 'zeros', got {empty_policy!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    short = (lens > 0) & (lens < q_rows)
+    if causal and bool(short.any()):
+        b = int(torch.nonzero(short)[0])
+        raise ValueError(f"causal=True: request {b} has {int(lens[b])} KV tokens but {int(q_rows[b])} q rows (its "
+                         "first q row would see no token); each request needs as many tokens as q rows")  # fmt: skip
     return kv4, kv_indices, kv_last_page_len, page_size
 
 
@@ -122,6 +141,7 @@ def decode_reference(
     config: MLAConfig = MLA,
     empty_policy: EmptyPolicy = "error",
     allow_nonfinite: bool = False,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact MLA decode over an (optionally paged) latent KV buffer.
 
@@ -138,14 +158,17 @@ def decode_reference(
             LSE −inf for them, which is exactly what an LSE-weighted merge treats as "no contribution".
         allow_nonfinite: by default NaN/inf in q or kv raise; set True to let them propagate (for studying
             overflow behaviour of quantized inputs).
+        causal: q row i of a request's q rows sees its first ``n - (q - 1 - i)`` tokens (`causal_visible`);
+            every request with KV then needs at least as many tokens as q rows.
 
     Returns:
         ``(out, lse)``: ``(total_q, 16, 512)`` and ``(total_q, 16)`` natural-log LSE of the *scaled* scores,
         both in `compute_dtype`.
     """
     kv4, kv_indices, kv_last_page_len, page_size = check_decode_args(
-        q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, config=config, empty_policy=empty_policy
-    )
+        q, kv_buffer, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, config=config, empty_policy=empty_policy,
+        causal=causal,
+    )  # fmt: skip
     if not allow_nonfinite:
         check_finite("q", q)
         check_finite("kv_buffer", kv_buffer)
@@ -177,6 +200,9 @@ def decode_reference(
         kv = kv4[pages].reshape(-1, config.qk_dim)[:n].to(compute_dtype)  # (n, 576): one latent head
         qb = q[q0:q1].to(compute_dtype)  # (nq, H, 576)
         s = torch.einsum("qhd,nd->qhn", qb, kv) * scale
+        if causal:
+            hidden = torch.arange(n).unsqueeze(0) >= causal_visible(n, q1 - q0).unsqueeze(1)  # (nq, n)
+            s = s.masked_fill(hidden.to(s.device).unsqueeze(1), float("-inf"))
         lse_b = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse_b.unsqueeze(-1))
         out[q0:q1] = torch.einsum("qhn,nd->qhd", p, kv[:, :Dv])
@@ -185,9 +211,10 @@ def decode_reference(
 
 
 def decode_inputs_reference(inputs: DecodeInputs, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """`decode_reference` on a `DecodeInputs` bundle."""
+    """`decode_reference` on a `DecodeInputs` bundle (causal when its case is)."""
     if not isinstance(inputs, DecodeInputs):
         raise TypeError(f"inputs must be a DecodeInputs (see mlalab.make_inputs), got {type(inputs).__name__}")
+    kw.setdefault("causal", inputs.case.causal)
     return decode_reference(
         inputs.q,
         inputs.kv_buffer,
@@ -202,7 +229,8 @@ def decode_inputs_reference(inputs: DecodeInputs, **kw: object) -> tuple[torch.T
 
 def decode_naive_loop(inputs: DecodeInputs, sm_scale: float | None = None) -> torch.Tensor:
     """The competition-template formulation, written as plainly as possible: one request, one query token and
-    one head at a time, max-subtracted softmax, float64. Slow; a teaching check of `decode_reference`."""
+    one head at a time, max-subtracted softmax, float64 (causal when the case is: q row i of q sees the first
+    n - (q - 1 - i) tokens). Slow; a teaching check of `decode_reference`."""
     from .inputs import gather_request_kv
 
     cfg = inputs.case.config
@@ -210,8 +238,10 @@ def decode_naive_loop(inputs: DecodeInputs, sm_scale: float | None = None) -> to
     out = torch.zeros((inputs.q.shape[0], cfg.num_heads, cfg.v_dim), dtype=torch.float64)
     for b in range(inputs.batch):
         kv = gather_request_kv(inputs, b)[:, 0, :].double().cpu()  # (n, 576)
-        keys, values = kv, kv[:, : cfg.v_dim]
-        for i in range(int(inputs.qo_indptr[b]), int(inputs.qo_indptr[b + 1])):
+        q0, q1 = int(inputs.qo_indptr[b]), int(inputs.qo_indptr[b + 1])
+        for i in range(q0, q1):
+            seen = kv.shape[0] - (q1 - 1 - i) if inputs.case.causal else kv.shape[0]
+            keys, values = kv[:seen], kv[:seen, : cfg.v_dim]
             for h in range(cfg.num_heads):
                 scores = (keys @ inputs.q[i, h].double().cpu()) * scale
                 weights = torch.exp(scores - scores.max())

@@ -260,13 +260,14 @@ def quantised_reference(x: Any, precision: str, cache: dict) -> tuple[torch.Tens
 
     if "exact" not in cache:
         cache["exact"] = decode_reference(x.q, x.kv_buffer, x.qo_indptr, x.kv_indptr, x.kv_indices,
-                                          x.kv_last_page_len)[0]  # fmt: skip
+                                          x.kv_last_page_len, causal=x.case.causal)[0]  # fmt: skip
     if precision not in cache:
         p = prepare(x, precision)
         q = p.q.float() * p.q_scale
         kv = p.kv_values() if p.spec.kv_fp4 else p.kv.float() * p.kv_scale
         kv = kv.view(x.kv_buffer.shape)
-        cache[precision] = decode_reference(q, kv, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len)[0]
+        cache[precision] = decode_reference(q, kv, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_last_page_len,
+                                            causal=x.case.causal)[0]  # fmt: skip
     return cache["exact"], cache[precision]
 
 

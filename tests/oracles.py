@@ -102,6 +102,9 @@ def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | No
     (None: not rounded) feeds the value product, the unrounded P the softmax sum; split works merge by their LSEs.
     This is the specification of the production numerics (fp8 P for a8w8, bf16 P for the 16-bit paths).
 
+    Under `p.causal` q row i of a request's q rows streams only the tokens of its prefix (all but the q - 1 - i
+    newest), so a work past that prefix gives the row an empty partial.
+
     `e4m3_route` (MXFP4 KV): the sm_90 e4m3 route's numerics: token t's values are 2^F_t times its residual
     (`e4m3_route_values`), its base-2 logit gets + F_t, the running max is over those, P̂ = 2^(s + F - m) rounded to
     `p_dtype` weights the residual rows, and the softmax sum adds P̂ · 2^-F (unrounded)."""
@@ -120,11 +123,16 @@ def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | No
     lse = torch.full((total_q, 16), float("-inf"), dtype=torch.float64)
     parts: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     log2e = 1.4426950408889634
+    qo = p.qo_indptr.cpu().long()
     for w in range(wi.shape[0]):
         b, loc, qs, qe, ks, ke = (int(v) for v in wi[w, :6])
-        kr = rows_of[b][ks - int(tok0[b]) : ke - int(tok0[b])]
-        assert len(kr) <= int(lens[b])
+        kr_work = rows_of[b][ks - int(tok0[b]) : ke - int(tok0[b])]
+        assert len(kr_work) <= int(lens[b])
         for i in range(qs, qe):
+            kr = kr_work
+            if p.causal:  # this row sees the request's first lens - (q - 1 - row) tokens
+                seen = int(lens[b]) - (int(qo[b + 1]) - 1 - i) - (ks - int(tok0[b]))
+                kr = kr_work[: max(0, seen)]
             m = torch.full((16,), float("-inf"), dtype=torch.float64)
             l = torch.zeros(16, dtype=torch.float64)
             o = torch.zeros(16, 512, dtype=torch.float64)

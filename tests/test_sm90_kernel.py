@@ -636,6 +636,34 @@ def test_gpu_q_rows_side_by_side_with_q_counts_that_differ(counts: tuple[int, ..
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("q_len", [2, 4])
+@pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_causal_speculative_decode(q_len: int, planner: str, precision: str) -> None:
+    """The causal mask of speculative verification on the sm_90 kernel (each one-row work's KV end cut to its row's
+    prefix, `decoder.causal_work_info`): ragged, empty, page-64 and token-table batches, plans whose last split of a
+    request lies past its first rows' prefixes (empty partials), against the tiled oracle of the path under the
+    same mask; the non-causal answer misses the tolerance."""
+    from mlalab.backends.triton import build_plan
+
+    layouts = [((130, 0, 4, 4097), {}), ((1000,) * 40, {}),
+               ((1024, 640, 4096), {"page_size": 64, "permute_pages": True}),
+               ((517, 9, 2000), {"permute_pages": True, "pool_factor": 3})]  # fmt: skip
+    for lens, layout in layouts:
+        x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, seed=8, dist="unit", causal=True,
+                                           **layout)).to("cuda"))  # fmt: skip
+        p = prepare(x, precision)
+        for slots in (132 // q_len, 132):
+            plan = build_plan(x, planner, slots)
+            _check(p, plan, peaked=True)
+        wide, _ = tiled_decode(dataclasses.replace(p, causal=False), plan, p_dtype=PATHS[precision][1])
+        ref, _ = tiled_decode(p, plan, p_dtype=PATHS[precision][1])
+        live = ref.norm(dim=-1) > 0
+        assert rel(wide[live], ref[live]) > 0.05, "the non-causal answer passes the check"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("q_len", [1, 2, 4])
 def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
     """The triton backend's default plan where the sm_90 kernel runs: one slot an SM for a8w8 at every q_len (a CTA

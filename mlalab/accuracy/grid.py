@@ -59,9 +59,13 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def _case_json(case: DecodeCase) -> dict[str, Any]:
+    """The case as a row key hashes it. ``causal`` appears only when set, so the keys of rows recorded before the
+    field existed (every one non-causal) stay what they were and a study resumes across the change."""
     d = dataclasses.asdict(case)
     d["dist"] = case.dist.value
     d["kv_lens"] = list(case.kv_lens)
+    if not case.causal:
+        del d["causal"]
     return d
 
 

@@ -175,7 +175,8 @@ def prepare(x: DecodeCase | DecodeInputs, device: str | torch.device = "cpu") ->
         raise TypeError(f"x must be a DecodeCase or DecodeInputs, got {type(x).__name__}")
     case = inputs.case
     kv, indptr = inputs.token_kv()
-    out, lse = decode_reference(inputs.q, kv, inputs.qo_indptr, indptr, config=case.config, compute_dtype=torch.float64)
+    out, lse = decode_reference(inputs.q, kv, inputs.qo_indptr, indptr, config=case.config, compute_dtype=torch.float64,
+                                causal=case.causal)  # fmt: skip
     dv = case.config.v_dim
     mv = torch.zeros_like(out)
     kp, qp = indptr.tolist(), inputs.qo_indptr.tolist()
@@ -189,7 +190,7 @@ def prepare(x: DecodeCase | DecodeInputs, device: str | torch.device = "cpu") ->
 def half_kv_output(p: Prepared) -> torch.Tensor:
     """The half-KV cheat of a prepared case: the exact fp64 decode over every other page of each request's KV (the
     even pages, counted from the request's first; at page size 1 every other token), rounded to bf16 as a kernel
-    returns it. Cached in the `Prepared`."""
+    returns it; it ignores a causal mask too (every q row sees the whole half). Cached in the `Prepared`."""
     if not isinstance(p, Prepared):
         raise TypeError(f"p must be a Prepared (see prepare()), got {type(p).__name__}")
     if "half_kv" not in p.cache:
@@ -352,9 +353,8 @@ def evaluate_prepared(
     qd = qs.fake_quant(x.q) if q_deq is None else q_deq
     kd = ks.fake_quant(p.kv) if kv_deq is None else kv_deq
     if decoded is None:
-        out, lse = decode_reference(
-            qd, kd, x.qo_indptr, p.kv_indptr, config=p.case.config, compute_dtype=torch.float64, allow_nonfinite=True
-        )
+        out, lse = decode_reference(qd, kd, x.qo_indptr, p.kv_indptr, config=p.case.config, compute_dtype=torch.float64,
+                                    allow_nonfinite=True, causal=p.case.causal)  # fmt: skip
     else:
         out, lse = decoded
         if out.shape != p.ref_out.shape or lse.shape != p.ref_lse.shape:
@@ -394,9 +394,8 @@ def decode_q_variants(
     stacked = torch.cat(list(q_deqs), dim=1)
     big = MLAConfig(num_heads=h * len(q_deqs), kv_lora_rank=cfg.kv_lora_rank, rope_dim=cfg.rope_dim)
     x = p.inputs
-    out, lse = decode_reference(
-        stacked, kv_deq, x.qo_indptr, p.kv_indptr, config=big, compute_dtype=torch.float64, allow_nonfinite=True
-    )
+    out, lse = decode_reference(stacked, kv_deq, x.qo_indptr, p.kv_indptr, config=big, compute_dtype=torch.float64,
+                                allow_nonfinite=True, causal=p.case.causal)  # fmt: skip
     return [(out[:, i * h : (i + 1) * h], lse[:, i * h : (i + 1) * h]) for i in range(len(q_deqs))]
 
 

@@ -129,9 +129,8 @@ def quantized_reference(
     qi = quantize_inputs(inputs.to("cpu"), settings, fp8_flavour)
     q, kv = qi.dequantized()
     c = inputs.to("cpu")
-    return decode_reference(
-        q, kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_len, config=inputs.case.config
-    )
+    return decode_reference(q, kv, c.qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_len,
+                            config=inputs.case.config, causal=inputs.case.causal)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -145,6 +144,7 @@ class Prepared:
 
     key: tuple[Any, ...]
     q_len: int
+    causal: bool  # DecodeCase.causal: passed to the metadata and the kernels
     total_q: int
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor  # token indptr (page size 1)
@@ -190,7 +190,10 @@ class AiterDecoder:
         q_lens = (qo[1:] - qo[:-1]).tolist()
         s, rt = self.settings, self.rt
         check_request(kv_lens=kv_lens, q_lens=q_lens, arch=rt.arch, settings=s)
-        key = (len(kv_lens), q_lens[0], kv_lens, inputs.page_size, s)
+        if inputs.case.causal and not rt.abi.stage1_has_causal:
+            raise ValueError(f"causal decode needs aiter >= v0.1.20 (the kernels' `causal` flag); aiter "
+                             f"{rt.abi.version} has none")  # fmt: skip
+        key = (len(kv_lens), q_lens[0], kv_lens, inputs.page_size, s, inputs.case.causal)
         if key in self._cache:
             return self._cache[key]
 
@@ -231,6 +234,7 @@ class AiterDecoder:
                 q_len=q_len,
                 q_torch_dtype=qdt,
                 kv_torch_dtype=kvdt,
+                causal=inputs.case.causal,
             )
         )
         torch.cuda.synchronize(dev)
@@ -257,6 +261,7 @@ class AiterDecoder:
         p = Prepared(
             key=key,
             q_len=q_len,
+            causal=inputs.case.causal,
             total_q=total_q,
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
@@ -316,6 +321,7 @@ class AiterDecoder:
                     accepts=accepts,
                     return_lse=return_lse,
                     abi=rt.abi,
+                    causal=p.causal,
                 )
             )
             if return_lse and isinstance(lse, torch.Tensor):
@@ -340,6 +346,7 @@ class AiterDecoder:
                 q_scale=q_scale,
                 kv_scale=kv_scale,
                 fp8=fp8,
+                causal=p.causal,
             )
         )
         a.mla_reduce_v1(

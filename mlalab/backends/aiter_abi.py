@@ -175,9 +175,9 @@ class AiterAbi:
     stage1_has_lse: stage 1 takes ``lse`` (the final LSE of unsplit works) — from v0.1.12.
     reduce_has_num_kv_splits: ``mla_reduce_v1`` takes ``num_kv_splits`` (sizes its scratch) — from v0.1.16.
     info_has_max_split_per_batch: ``get_mla_metadata_info_v1`` takes ``max_split_per_batch`` — from v0.1.16.
-    stage1_has_causal: stage 1 takes ``causal`` — from v0.1.20, defaulting to True. mlalab's decode has no causal
-        mask (every query token sees all of its request's KV), so we always pass ``causal=False``; otherwise q_len
-        2–4 (speculative decode) would be masked by the kernel and disagree with the reference.
+    stage1_has_causal: stage 1 takes ``causal`` — from v0.1.20, defaulting to True. We always pass the case's
+        `DecodeCase.causal` (False unless asked: every query token sees all of its request's KV), so q_len 2–4 is
+        masked only when the reference is; a causal case on an older release is refused.
     source: "version" (from the release table) or "signature" (inspected from the installed aiter).
     legacy: the v0.1.7 ... v0.1.7.post2 API (`LEGACY_RANGE`): stage 1 without ``page_size`` / ``nhead_kv`` and with
         ``work_metadata`` for ``work_meta_data``; the reduce without ``max_seqlen_q``; the metadata without

@@ -317,6 +317,7 @@ def metadata_kwargs(
     kv_torch_dtype: torch.dtype,
     num_heads: int = MLA.num_heads,
     num_kv_heads: int = MLA.num_kv_heads,
+    causal: bool = False,
 ) -> dict[str, Any]:
     """Keywords for `get_mla_metadata_v1` (page size 1; dtypes passed wherever the release takes them — vLLM #46997).
 
@@ -338,7 +339,7 @@ def metadata_kwargs(
         "kv_last_page_lens": kv_last_page_lens,
         "num_heads_per_head_k": num_heads // num_kv_heads,
         "num_heads_k": num_kv_heads,
-        "is_causal": False,  # every q token sees all of its request's KV (the competition's decode)
+        "is_causal": bool(causal),  # False: every q token sees all of its request's KV (the competition's decode)
         "work_metadata_ptrs": buffers["work_metadata"],
         "work_info_set": buffers["work_info_set"],
         "work_indptr": buffers["work_indptr"],
@@ -390,6 +391,7 @@ def stage1_kwargs(
     q_scale: Any | None,
     kv_scale: Any | None,
     fp8: bool,
+    causal: bool = False,
 ) -> dict[str, Any]:
     """Keywords for `mla_decode_stage1_asm_fwd` in persistent mode (`num_kv_splits_indptr=None` selects it).
 
@@ -423,7 +425,10 @@ def stage1_kwargs(
     if abi.stage1_has_lse:
         kw["lse"] = final_lse
     if abi.stage1_has_causal:
-        kw["causal"] = False  # decode: all KV visible to every query token (see AiterAbi)
+        kw["causal"] = bool(causal)  # always passed: the flag defaults to True (see AiterAbi)
+    elif causal:
+        raise ValueError(f"causal decode needs aiter >= v0.1.20 (stage 1's `causal` flag); aiter {abi.version} "
+                         "has none")  # fmt: skip
     return kw
 
 
@@ -476,11 +481,13 @@ def mla_decode_fwd_kwargs(
     accepts: Iterable[str] = (),
     return_lse: bool = False,
     abi: AiterAbi | None = None,
+    causal: bool = False,
 ) -> dict[str, Any]:
     """Keywords for aiter's one-call `mla_decode_fwd` (persistent branch: `work_meta_data` given). Passing
     `num_kv_splits` explicitly keeps HEAD from falling back to non-persistent for gfx950 bf16 B >= 32.
-    `return_lse=True` is added when asked for and the installed signature (`accepts`) has it; `causal=False`
-    whenever the signature has ``causal`` (HEAD defaults it to True, which would mask speculative decode)."""
+    `return_lse=True` is added when asked for and the installed signature (`accepts`) has it; ``causal`` whenever
+    the signature has it (HEAD defaults it to True, which would mask speculative decode), and a causal decode is
+    refused where it has not."""
     kw: dict[str, Any] = {
         "q": q,
         "kv_buffer": kv_buffer,
@@ -511,7 +518,9 @@ def mla_decode_fwd_kwargs(
     if return_lse and "return_lse" in accepted:
         kw["return_lse"] = True
     if "causal" in accepted:
-        kw["causal"] = False
+        kw["causal"] = bool(causal)
+    elif causal:
+        raise ValueError("causal decode needs an aiter whose mla_decode_fwd takes `causal` (v0.1.20 and later)")
     return kw
 
 

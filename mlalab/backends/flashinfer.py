@@ -1,5 +1,6 @@
 """FlashInfer peer: ``BatchMLAPagedAttentionWrapper`` (fa3 on sm90), bf16 q with bf16 or fp8 KV (``a16w8``,
-per-tensor scale), page size 1 through kv_indices (a scattered cache works). The first plan() of a dtype pair
+per-tensor scale), page size 1 through kv_indices (a scattered cache works); `DecodeCase.causal` is plan()'s
+``causal`` (its mask is aligned to the end of the KV, as ours). The first plan() of a dtype pair
 JIT-compiles for ~30-45 s; plan() runs once per shape, outside any timing."""
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def make_callable(
     lens = inputs.kv_lens.to(torch.int32).to(dev)
     w.plan(
         inputs.qo_indptr.to(dev), inputs.kv_indptr.to(dev), prep.kv_indices.to(dev), lens,
-        MLA.num_heads, MLA.v_dim, MLA.rope_dim, 1, False, MLA.sm_scale, torch.bfloat16, prep.kv.dtype,
+        MLA.num_heads, MLA.v_dim, MLA.rope_dim, 1, inputs.case.causal, MLA.sm_scale, torch.bfloat16, prep.kv.dtype,
     )  # fmt: skip
     q_nope, q_pe = prep.q[..., : MLA.v_dim], prep.q[..., MLA.v_dim :]
     n = prep.kv.shape[0]

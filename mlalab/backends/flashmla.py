@@ -1,7 +1,8 @@
 """FlashMLA peer (PyPI ``sgl-flash-mla``, legacy sm90 dense kernels): bf16, or fp8 q + fp8 KV (a8w8) with
 per-tensor descales. Page block 64 is mandatory: a page-size-64 cache runs with its own page table, a page-size-1
 contiguous cache is viewed as 64-token blocks with an arange block table (same bytes; every request's length a
-multiple of 64 there). q_len > 1 runs as FlashMLA's ``s_q`` (every query row sees the request's whole KV)."""
+multiple of 64 there). q_len > 1 runs as FlashMLA's ``s_q``, with its ``causal`` flag set from `DecodeCase.causal`
+(off: every query row sees the request's whole KV; on: row i of s_q sees all but the s_q - 1 - i newest tokens)."""
 
 from __future__ import annotations
 
@@ -76,11 +77,12 @@ def make_callable(
         )
         kw = {"is_fp8_kvcache": True, "descale_q": prep.q_scale, "descale_k": prep.kv_scale}
     last: dict[str, torch.Tensor] = {}
+    causal = inputs.case.causal
 
     def call(i: int) -> torch.Tensor:
         o, lse = flash_mla_with_kvcache(
             q, copies[i % len(copies)], table, seqlens, MLA.v_dim, meta,
-            softmax_scale=MLA.sm_scale, causal=False, use_legacy=True, **kw,
+            softmax_scale=MLA.sm_scale, causal=causal, use_legacy=True, **kw,
         )  # fmt: skip
         last["lse"] = lse
         return o.view(B * s_q, MLA.num_heads, MLA.v_dim)

@@ -49,6 +49,11 @@ def add_case_arguments(p: argparse.ArgumentParser, *, default_batch: int = 4, de
         "--ragged", action="store_true", help="draw ragged lengths around --kv-len (log-uniform, seeded by --seed)"
     )
     g.add_argument("--q-len", type=int, default=1, help="query tokens per request: 1, or 2/4 for speculative decode")
+    g.add_argument(
+        "--causal",
+        action="store_true",
+        help="speculative verification's mask: q row i of q_len sees all but the q_len-1-i newest KV tokens",
+    )
     g.add_argument("--page-size", type=int, default=1, help="KV page size (default 1)")
     g.add_argument("--permute-pages", action="store_true", help="shuffle physical pages (tests the page table)")
     g.add_argument("--seed", type=int, default=0)
@@ -80,6 +85,7 @@ def case_from_args(a: argparse.Namespace) -> DecodeCase:
         outlier_magnitude=a.outlier_magnitude,
         page_size=a.page_size,
         permute_pages=a.permute_pages,
+        causal=a.causal,
     )
 
 

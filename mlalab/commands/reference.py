@@ -37,6 +37,7 @@ def run(a: argparse.Namespace) -> int:
         "case": case.short_str(),
         "batch": case.batch,
         "q_len": case.q_len,
+        "causal": case.causal,
         "kv_lens": list(case.kv_lens),
         "page_size": case.page_size,
         "dist": case.dist.value,

@@ -27,7 +27,7 @@ from .prepare import PreparedInputs
 from .sm90 import host as sm90_host
 from .sm90.timeline import CtaTimeline, launch_clock_ghz, measure_clock_ghz, timeline_from_stamps
 
-__all__ = ["Decoder", "decode", "check_plan", "token_work_info", "ABLATIONS", "L2_BYTES"]
+__all__ = ["Decoder", "decode", "check_plan", "token_work_info", "causal_work_info", "ABLATIONS", "L2_BYTES"]
 
 #: `Decoder.ablation`: which compute the sm_90 stage 1 skips (the kernel's ``ABLATE``).
 ABLATIONS = {"qk": 1, "qk+pv": 2}
@@ -63,11 +63,33 @@ def token_work_info(plan: WorkPlan, kv_indptr: torch.Tensor, kv_last_page_len: t
     wi = plan.work_info.to("cpu", torch.int64).clone()
     if wi.numel() == 0:
         return wi.to(torch.int32)
-    lens = kv_lens_from_layout(kv_indptr, kv_last_page_len, ps)
-    req_end = kv_indptr.to("cpu", torch.int64)[:-1] * ps + lens  # first token position after each request
     b = wi[:, 0]
     wi[:, 4] = wi[:, 4] * ps
-    wi[:, 5] = torch.minimum(wi[:, 5] * ps, req_end[b])
+    wi[:, 5] = torch.minimum(wi[:, 5] * ps, _request_ends(kv_indptr, kv_last_page_len, ps)[b])
+    return wi.to(torch.int32).contiguous()
+
+
+def _request_ends(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The first token position after each request in the page-expanded list (CPU int64)."""
+    lens = kv_lens_from_layout(kv_indptr, kv_last_page_len, page_size)
+    return kv_indptr.to("cpu", torch.int64)[:-1] * page_size + lens
+
+
+def causal_work_info(row_info: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                     kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:  # fmt: skip
+    """Works of one q row each (token positions, `sm90.host.row_passes`) with kv_end cut to the row's causal prefix:
+    row ``qi`` of request b, whose q rows are ``[qo[b], qo[b+1])``, sees the positions before ``end[b] - (qo[b+1] - 1 -
+    qi)`` (`mlalab.reference.causal_visible`). A work whose range then lies past its row's prefix keeps kv_end =
+    kv_start: it streams nothing and writes the merge's identity (output 0, LSE -inf) to its partial row."""
+    wi = row_info.to("cpu", torch.int64).clone()
+    if wi.numel() == 0:
+        return wi.to(torch.int32)
+    if bool((wi[:, 3] - wi[:, 2] > 1).any()):
+        raise ValueError("causal_work_info needs works of one q row each (sm90.host.row_passes)")
+    qo = qo_indptr.to("cpu", torch.int64)
+    b = wi[:, 0]
+    prefix_end = _request_ends(kv_indptr, kv_last_page_len, page_size)[b] - (qo[b + 1] - 1 - wi[:, 2])
+    wi[:, 5] = torch.maximum(torch.minimum(wi[:, 5], prefix_end), wi[:, 4])
     return wi.to(torch.int32).contiguous()
 
 
@@ -116,13 +138,27 @@ class Decoder:
         self.portable = portable
         self.p = prepared
         self.plan = plan.to(dev)
-        self.work_info = work_info.to(dev)
+        #: stage 1's tables: the plan's (token positions), or its works regrouped (`sm90.host.row_passes`): 1, 2 or 4 q
+        #: rows a work on the sm_90 kernel, one a work on either kernel under the causal mask (its KV end is the row's)
+        self.work_indptr, self.work_info = self.plan.work_indptr, work_info.to(dev)
+        #: q rows a work of stage 1 runs (the sm_90 kernel puts 2 or 4 side by side where it can:
+        #: `sm90.host.rows_per_cta_of`; 1 under the causal mask)
+        self.rows_per_cta = 1
+        if self.kernel == "sm90":
+            q_rows = work_info[:, 3] - work_info[:, 2]
+            self.rows_per_cta = sm90_host.rows_per_cta_of(prepared, q_rows, p_fp8=config.p_fp8)
+        if self.kernel == "sm90" or prepared.causal:
+            cta_indptr, work_info = sm90_host.row_passes(plan.work_indptr, work_info, self.rows_per_cta)
+            if prepared.causal:
+                work_info = causal_work_info(work_info, prepared.qo_indptr, prepared.kv_indptr,
+                                             prepared.kv_last_page_len, prepared.page_size)  # fmt: skip
+            self.work_indptr, self.work_info = cta_indptr.to(dev), work_info.to(dev)
         self.config = config
         self.sm_scale = MLA.sm_scale if sm_scale is None else float(sm_scale)
         total_q, H, DV = int(prepared.q.shape[0]), MLA.num_heads, MLA.v_dim
         self.out = torch.empty((total_q, H, DV), dtype=out_dtype, device=dev)
         self.lse = torch.empty((total_q, H), dtype=torch.float32, device=dev)
-        self.n_cu = int(plan.work_indptr.numel() - 1)
+        self.n_cu = int(self.work_indptr.numel() - 1)
         n_part = max(1, plan.n_partial_rows)
         sm90 = self.kernel == "sm90"
         # Partials: the sm_90 stage 1 stores them head-minor, (rows, 512, 16), straight from its accumulator, in fp16
@@ -143,11 +179,9 @@ class Decoder:
         #: (`sm90.host.row_passes`, `sm90.host.rows_per_cta_of`)
         self.sm90 = None
         if sm90:
-            rows = sm90_host.rows_per_cta_of(prepared, work_info[:, 3] - work_info[:, 2], p_fp8=config.p_fp8)
-            cta_indptr, row_info = sm90_host.row_passes(plan.work_indptr, work_info, rows)
-            self.work_info = row_info.to(dev)
-            self.sm90 = sm90_host.Sm90Stage1(prepared, cta_indptr, row_info, launch_dependents=self.use_pdl,
-                                             p_fp8=config.p_fp8, rows_per_cta=rows)  # fmt: skip
+            self.sm90 = sm90_host.Sm90Stage1(prepared, self.work_indptr.cpu(), self.work_info.cpu(),
+                                             launch_dependents=self.use_pdl, p_fp8=config.p_fp8,
+                                             rows_per_cta=self.rows_per_cta)  # fmt: skip
 
     def _gluon_reduce(self, most: int) -> Callable[[], None]:
         from .sm90 import reduce as R
@@ -222,7 +256,7 @@ class Decoder:
         gpu = {} if K.INTERPRET else {"num_warps": K.NUM_WARPS, "num_stages": K.NUM_STAGES}
         scales = p.kv_scale if p.kv_scales is None else p.kv_scales.view(torch.uint8)
         K.stage1_kernel[(self.n_cu,)](
-            q, kv, p.kv_indices, self.plan.work_indptr, self.work_info,
+            q, kv, p.kv_indices, self.work_indptr, self.work_info,
             self.out, self.lse, self.part_o, self.part_lse, p.q_scale, p.kv_scale, scales, self.sm_scale,
             q.stride(0), q.stride(1), kv.stride(0), scales.stride(0), self.out.stride(0), self.out.stride(1),
             H=MLA.num_heads, D_NOPE=MLA.v_dim, D_ROPE=MLA.rope_dim, BLOCK_N=K.block_n(self.pv_exact),

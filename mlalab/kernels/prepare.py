@@ -37,6 +37,8 @@ class PreparedInputs:
     #: fp4 KV: the block scales of ``kv``'s rows, and the recipe they were written with (`mlalab.kernels.fp4`)
     kv_scales: torch.Tensor | None = None
     kv_recipe: str | None = None
+    #: speculative verification's causal mask (`mlalab.config.DecodeCase.causal`)
+    causal: bool = False
 
     @property
     def precision(self) -> Precision:
@@ -78,7 +80,7 @@ def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_forma
     # the page table against the buffer (indices in range, a table as long as kv_indptr says, last-page lengths):
     # a kernel would read out of bounds, not fail
     check_decode_args(q, kv, inputs.qo_indptr, inputs.kv_indptr, inputs.kv_indices, inputs.kv_last_page_len,
-                      empty_policy="zeros")  # fmt: skip
+                      empty_policy="zeros", causal=inputs.case.causal)  # fmt: skip
     if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
         raise TypeError(f"prepare expects bf16 q and kv_buffer (as make_inputs builds them), got {q.dtype}, {kv.dtype}")
     one = torch.ones(1, dtype=torch.float32, device=q.device)
@@ -115,6 +117,7 @@ def prepare(inputs: DecodeInputs, precision: str | Precision = "a8w8", fp8_forma
         contiguous=contiguous,
         kv_scales=kv_scales,
         kv_recipe=recipe,
+        causal=inputs.case.causal,
     )
 
 
@@ -133,4 +136,5 @@ def naive_decode(prepared: PreparedInputs, sm_scale: float | None = None) -> tup
         prepared.kv_last_page_len.cpu(),
         sm_scale=sm_scale,
         empty_policy="zeros",
+        causal=prepared.causal,
     )

@@ -17,7 +17,7 @@ import torch
 from ..checks import check_finite
 from ..config import DecodeCase
 from ..inputs import DecodeInputs
-from ..reference import check_decode_args
+from ..reference import causal_visible, check_decode_args
 from .merge import lse_merge
 from .workplan import WorkPlan
 
@@ -109,19 +109,21 @@ def dequantized_inputs(
     )
 
 
-def _stage1(q: torch.Tensor, k: torch.Tensor, sm_scale: float, v_dim: int) -> tuple[torch.Tensor, ...]:
+def _stage1(q: torch.Tensor, k: torch.Tensor, sm_scale: float, v_dim: int,
+            visible: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Partial attention of q rows ``(nq, H, 576)`` over KV ``(n, 576)``: ``(O, lse, m)`` with a kernel's
-    max-subtracted softmax. An empty range gives O = 0, lse = m = -inf (the identity of the merge)."""
-    nq, H = q.shape[0], q.shape[1]
-    if k.shape[0] == 0:
-        ninf = torch.full((nq, H), float("-inf"), dtype=q.dtype)
-        return torch.zeros((nq, H, v_dim), dtype=q.dtype), ninf, ninf.clone()
+    max-subtracted softmax; with `visible` ``(nq,)`` row i sees only the range's first ``visible[i]`` tokens (the
+    causal mask). A row that sees no token gives O = 0, lse = m = -inf (the identity of the merge)."""
+    nq, H, n = q.shape[0], q.shape[1], k.shape[0]
+    seen = torch.full((nq,), n, dtype=torch.int64) if visible is None else visible.clamp(0, n)
     s = torch.einsum("qhd,nd->qhn", q, k) * sm_scale
-    m = s.amax(-1)
-    p = torch.exp(s - m.unsqueeze(-1))
+    s = s.masked_fill((torch.arange(n) >= seen.unsqueeze(1)).unsqueeze(1), float("-inf"))
+    m = s.amax(-1) if n else torch.full((nq, H), float("-inf"), dtype=q.dtype)
+    some = (seen > 0).unsqueeze(1).expand(nq, H)
+    p = torch.exp(s - torch.where(some, m, 0.0).unsqueeze(-1))
     l = p.sum(-1)
-    o = torch.einsum("qhn,nd->qhd", p, k[:, :v_dim]) / l.unsqueeze(-1)
-    return o, m + torch.log(l), m
+    o = torch.einsum("qhn,nd->qhd", p, k[:, :v_dim]) / torch.where(some, l, 1.0).unsqueeze(-1)
+    return o, torch.where(some, m + torch.log(l), float("-inf")), m
 
 
 def emulate_plan(
@@ -139,7 +141,9 @@ def emulate_plan(
 
     Stage 1 writes unsplit works straight to the output and split ones to a partial buffer of
     ``plan.n_partial_rows`` rows (initialised to NaN, so a row the plan forgot to write cannot go unnoticed);
-    the reduce merges tiles with >= 2 entries. Quantization schemes (``mlalab.quant``) are applied as fake
+    the reduce merges tiles with >= 2 entries. With ``inputs.case.causal`` each q row sees only its causal prefix
+    (`mlalab.reference.causal_visible`): a work whose range lies past a row's prefix gives that row an empty partial.
+    Quantization schemes (``mlalab.quant``) are applied as fake
     quantization before the math. Returns `EmulationResult` ``(out, lse, trace)`` in `compute_dtype`.
     NaN/inf in the *inputs* are refused unless `allow_nonfinite` (non-finite values a quantization scheme itself
     produces, e.g. an e4m3fnuz direct cast overflowing to NaN, are what the workbench studies, and do propagate).
@@ -160,6 +164,7 @@ def emulate_plan(
         inputs.kv_indices,
         inputs.kv_last_page_len,
         empty_policy="zeros",
+        causal=inputs.case.causal,
     )
     if not allow_nonfinite:
         check_finite("q", inputs.q)
@@ -176,6 +181,7 @@ def emulate_plan(
     tok = tok_indptr.to("cpu", torch.int64).tolist()
     kvp = inputs.kv_indptr.to("cpu", torch.int64).tolist()
     lens = inputs.kv_lens.tolist()
+    qo = inputs.qo_indptr.to("cpu", torch.int64).tolist()
     ps = inputs.page_size
 
     total_q = q.shape[0]
@@ -192,7 +198,11 @@ def emulate_plan(
             b, slot, qs, qe, ks, ke, _, _ = wi[w]
             t0 = (ks - kvp[b]) * ps  # positions -> tokens of request b (the last page may be partial)
             t1 = min((ke - kvp[b]) * ps, lens[b])
-            o, l, m = _stage1(q[qs:qe], kv[tok[b] + t0 : tok[b] + t1], scale, Dv)
+            visible = None
+            if inputs.case.causal and lens[b]:  # row r of the request sees its first `prefix[r]` tokens
+                prefix = causal_visible(lens[b], qo[b + 1] - qo[b])[qs - qo[b] : qe - qo[b]]
+                visible = prefix - t0
+            o, l, m = _stage1(q[qs:qe], kv[tok[b] + t0 : tok[b] + t1], scale, Dv, visible)
             if slot < 0:
                 out[qs:qe], lse[qs:qe] = o, l
             else:

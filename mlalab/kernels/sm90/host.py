@@ -165,9 +165,10 @@ def ctas_per_sm(prepared: PreparedInputs, kv_tokens: int, p_fp8: bool = True) ->
 def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True) -> int:
     """q rows a CTA of the sm_90 kernel runs per work: on the fp8 path (``v-regs``) without a token table, 4 when every
     count in `q_rows` (the q rows of each work, or of each request before a plan exists) is a multiple of 4, else 2
-    when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1."""
+    when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1, and 1
+    under the causal mask (each row's KV end is its own: `decoder.causal_work_info`)."""
     rows = q_rows.to("cpu", torch.int64)
-    if tokens(prepared) or path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
+    if prepared.causal or tokens(prepared) or path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
         return 1
     return next(r for r in (4, 2, 1) if bool((rows % r == 0).all()))
 
