@@ -3,12 +3,13 @@
 # tree's kernels against another commit's (`before:auto`) beside FlashMLA, after checking them against the fp64
 # oracle, at each q_len of Q_LENS with the GPU to itself; then the GPU tests named by TEST_K; then, while END_S allows,
 # the kernel mutants (scripts/mutate_gpu.py, 3 processes) beside the whole GPU suite. Every result is written under
-# $OUT as it goes (8 files at most: ab.log, ab_q*.csv, pytest_ab.log, mutate_gpu_{1,2,3}.log, pytest_suite.log), so a
+# $OUT as it goes (ab.log, ab_q*.csv, pytest_ab.log, mutate_gpu_{1,2,3}.log, pytest_suite.log), so a
 # call cut short still returns what finished.
 # Here first: scripts/device_wheels.sh (PEERS=flashmla is enough); the other commit's package as .before/mlalab_before
 # (`git archive main mlalab | tar -x -C .before && mv .before/mlalab .before/mlalab_before`); `git rev-parse HEAD >
 # .head`; then carry .whl, .head and .before.
-# Knobs (env): Q_LENS ("4 2"), SHAPES (6 of the competition's), PRECISION (a8w8), AB_S (seconds a q_len, 110),
+# Knobs (env): Q_LENS ("4 2"), CAUSAL_Q_LENS (q_lens also timed under the causal mask, ab_q*_causal.csv; none),
+# SHAPES (6 of the competition's), PRECISION (a8w8), AB_S (seconds a q_len, 110),
 # TEST_K (a -k expression over tests/test_sm90_kernel.py; empty: none), END_S (585; 0: stop after the tests).
 T0=$(date +%s); END=${END_S:-585}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -23,6 +24,12 @@ for q in ${Q_LENS:-4 2}; do
     --variants auto,before:auto --shapes "${SHAPES:-4x1024,32x1024,128x1024,4x8192,32x8192,128x8192}" \
     --out "$OUT/ab_q$q.csv" >> "$OUT/ab.log" 2>&1
   echo "ab q_len $q rc=$? at $(el) s" | tee -a "$OUT/ab.log"
+done
+for q in ${CAUSAL_Q_LENS:-}; do  # this tree's kernels under the causal mask beside FlashMLA's (no before: variant)
+  timeout "${AB_S:-110}" python3 experiments/ab.py --q-len "$q" --causal --precision "${PRECISION:-a8w8}" \
+    --variants auto --shapes "${SHAPES:-4x1024,32x1024,128x1024,4x8192,32x8192,128x8192}" \
+    --out "$OUT/ab_q${q}_causal.csv" >> "$OUT/ab.log" 2>&1
+  echo "ab causal q_len $q rc=$? at $(el) s" | tee -a "$OUT/ab.log"
 done
 tail -40 "$OUT/ab.log"
 if [ -n "${TEST_K:-}" ]; then

@@ -71,6 +71,17 @@ def test_a_failed_variant_cell_is_left_out_and_said(tmp_path: Path) -> None:
     assert any("(11 of 12 shapes)" in t.name for t in fig.data if t.type == "bar")
 
 
+def test_a_causal_file_keeps_the_flag_out_of_the_variants_and_in_the_labels(tmp_path: Path) -> None:
+    """``ab.py --q-len 4 --causal`` files: ``causal`` is a case key, not a column of µs."""
+    p = tmp_path / "h200_x_causal.csv"
+    pd.DataFrame({"B": [4, 128], "L": [1024, 8192], "q_len": [4, 4], "causal": [True, True], "flashmla": [12.0, 214.0],
+                  "auto": [10.0, 250.0], "floor": [5.0, 120.0]}).to_csv(p, index=False)  # fmt: skip
+    e = load_experiment(str(p))
+    assert set(experiment_geomeans(e)["variant"]) == {"flashmla", "auto", "floor"}
+    assert case_labels(e) == ["B4·L1024·q4·causal", "B128·L8192·q4·causal"]
+    assert case_labels(e.assign(causal=False)) == ["B4·L1024·q4", "B128·L8192·q4"]
+
+
 def test_a_bf16_file_names_flashmla_bf16_and_draws_no_a8w8_goal(tmp_path: Path) -> None:
     """``hopper_ab.py --precision bf16`` files: ``flashmla`` is FlashMLA bf16 there, and #5's 0.65x goal (an a8w8
     goal) is not drawn; ``precision`` is not a variant; one precision per file."""

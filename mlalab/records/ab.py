@@ -5,9 +5,9 @@ A file has per competition shape (``B``, ``L``) a reference's µs — FlashMLA's
 (``flashinfer``), else our portable kernel's (``portable``), else the file's first variant, its baseline
 (`reference_column`) —, one column of µs per variant (what each one changed: docs/journal.md), and ``floor`` = the
 shape's bytes over the copy bandwidth measured in that run. A file may carry ``precision`` (``a8w8``, the default, or
-another `mlalab.quant.precision` name: the peers then timed that precision), and the case keys ``q_len`` and
-``layout`` beside the shape (a file of speculative decode or of decode layouts). A variant that failed at a shape has an
-empty cell.
+another `mlalab.quant.precision` name: the peers then timed that precision), and the case keys ``q_len``, ``causal``
+and ``layout`` beside the shape (a file of speculative decode, under the causal mask or not, or of decode layouts).
+A variant that failed at a shape has an empty cell.
 Because every column of a file comes from the same process, minutes apart, ratios *within* a file are what to
 compare; the same variant in two files can differ by the run-to-run spread (up to 10-15 % on the longest shapes).
 """
@@ -33,8 +33,8 @@ AB_DIR = os.path.join(DATA_ROOT, "ab")
 
 #: the columns every experiment file has besides its variants and its reference
 _FIXED = ("B", "L")
-#: case keys a file may have beside the shape (each row a shape x q_len x layout)
-CASE_KEYS = ("q_len", "layout")
+#: case keys a file may have beside the shape (each row a shape x q_len x causal mask x layout)
+CASE_KEYS = ("q_len", "causal", "layout")
 
 #: the reference columns an experiment file may have, the first one present being the file's reference
 _REFERENCES = ("flashmla", "flashinfer", "portable")
@@ -141,13 +141,18 @@ def experiment_geomeans(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def case_labels(df: pd.DataFrame) -> list[str]:
-    """One label per row: its shape (``B4·L1024``) and, where the file has them, its q_len and layout
-    (``B4·L1024·q2·tokens``)."""
+    """One label per row: its shape (``B4·L1024``) and, where the file has them, its q_len, the causal mask where set,
+    and its layout (``B4·L1024·q2·causal·tokens``)."""
     if not isinstance(df, pd.DataFrame) or not set(_FIXED) <= set(df.columns):
         raise ValueError(f"df must be an experiment table with columns {', '.join(_FIXED)} (load_experiment)")
     keys = [k for k in CASE_KEYS if k in df.columns]
-    return ["·".join([f"B{r['B']}", f"L{r['L']}", *(f"q{r[k]}" if k == "q_len" else str(r[k]) for k in keys)])
-            for _, r in df.iterrows()]  # fmt: skip
+
+    def key(k: str, v: object) -> list[str]:
+        if k == "causal":
+            return ["causal"] if str(v).strip().lower() in ("true", "1") else []
+        return [f"q{v}" if k == "q_len" else str(v)]
+
+    return ["·".join([f"B{r['B']}", f"L{r['L']}", *(t for k in keys for t in key(k, r[k]))]) for _, r in df.iterrows()]
 
 
 def check_experiment(df: object) -> None:
