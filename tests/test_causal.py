@@ -112,18 +112,28 @@ def test_kernel_tables_cut_each_rows_kv_end_to_its_prefix() -> None:
     for w in range(r.shape[0]):
         b, qi = int(r[w, 0]), int(r[w, 2])
         prefix = int(ends[b]) - (int(qo[b + 1]) - 1 - qi)
-        assert int(c[w, 5]) == max(int(r[w, 4]), min(int(r[w, 5]), prefix))
-        assert torch.equal(c[w, :5], r[w, :5]) and torch.equal(c[w, 6:], r[w, 6:])
+        assert int(c[w, 5]) == max(int(r[w, 4]), min(int(r[w, 5]), prefix)) and int(c[w, 7]) == prefix
+        assert torch.equal(c[w, :5], r[w, :5]) and torch.equal(c[w, 6], r[w, 6])
     assert bool((c[:, 5] == c[:, 4]).any()), "no work past a row's prefix: the empty case is not exercised"
     assert bool((c[:, 5] < r[:, 5]).any()) and bool((c[:, 5] == r[:, 5]).any())
-    with pytest.raises(ValueError, match="one q row each"):
-        causal_work_info(wi, x.qo_indptr, x.kv_indptr, x.kv_last_page_len, 1)
+    # works of 2 or 4 rows (the sm_90 kernel's side-by-side rows): cut to the work's last row's prefix
+    for per in (2, 4):
+        _, groups = row_passes(plan.work_indptr, wi, per)
+        g = causal_work_info(groups, x.qo_indptr, x.kv_indptr, x.kv_last_page_len, 1).long()
+        last = ends[groups[:, 0].long()] - (qo[groups[:, 0].long() + 1] - groups[:, 3].long())
+        assert torch.equal(g[:, 7], last)
+        assert torch.equal(g[:, 5], torch.maximum(torch.minimum(groups[:, 5].long(), last), groups[:, 4].long()))
+        # the kernel's mask of row r of a work: min(kv_end, column 7 - (R - 1 - r)) = the row's own prefix
+        for w in range(g.shape[0]):
+            bb, qs = int(g[w, 0]), int(g[w, 2])
+            for r in range(per):
+                own = int(ends[bb]) - (int(qo[bb + 1]) - 1 - (qs + r))
+                assert min(int(groups[w, 5]), int(g[w, 7]) - (per - 1 - r)) == min(int(groups[w, 5]), own)
     from mlalab.kernels import prepare
     from mlalab.kernels.sm90.host import rows_per_cta_of
 
     p = prepare(x, "a8w8")
-    assert rows_per_cta_of(dataclasses.replace(p, causal=False), x.qo_indptr.diff()) == 4
-    assert rows_per_cta_of(p, x.qo_indptr.diff()) == 1  # under the mask each row's KV end is its own
+    assert rows_per_cta_of(p, x.qo_indptr.diff()) == 4  # side by side under the mask too (the kernel's CAUSAL)
 
 
 def test_the_gpu_tests_tiled_oracle_applies_the_mask() -> None:

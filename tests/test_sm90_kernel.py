@@ -316,7 +316,7 @@ def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
 def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
     """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
     hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables, two and four q rows a
-    work on the fp8 path, on two warpgroups): the path's wgmmas
+    work on the fp8 path, on two warpgroups, with and without the causal mask): the path's wgmmas
     (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory (but one register of the paged e4m3
     route on Triton 3.6, outside the tile loop), within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's
     conversion free of bank conflicts, one 8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
@@ -337,9 +337,11 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "runs = [(*r, 1) for r in runs]\n"
         "runs += [('v-regs', m, fb, 0, 0, None, pg, rw) for m, pg in ((False, None), (True, None), (True, 16))\n"
         "         for fb in (None, 2) for rw in (2, 4)]  # q rows side by side on two warpgroups\n"
-        "for path, mask, fb, tl, ab, prec, pg, rw in runs:\n"
+        "runs = [(*r, False) for r in runs]\n"
+        "runs += [('v-regs', m, 2, 0, 0, None, None, rw, True) for m in (False, True) for rw in (2, 4)]  # causal\n"
+        "for path, mask, fb, tl, ab, prec, pg, rw, causal in runs:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
-        "                       page=pg, rows=rw)\n"
+        "                       page=pg, rows=rw, causal=causal)\n"
         "    gmma = sum(n for k, n in r.sass.items() if 'GMMA' in k)\n"
         "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
         "    print('R', path, int(mask), fb or 0, tl, ab, r.registers, r.stack_bytes, local, r.shared_bytes,\n"
@@ -347,7 +349,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          r.sass.get('MUFU.LG2', 0), rw)\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 41, out
+    assert len(rows) == 45, out
     for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2, rw in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
         if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":

@@ -77,19 +77,20 @@ def _request_ends(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_
 
 def causal_work_info(row_info: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                      kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:  # fmt: skip
-    """Works of one q row each (token positions, `sm90.host.row_passes`) with kv_end cut to the row's causal prefix:
-    row ``qi`` of request b, whose q rows are ``[qo[b], qo[b+1])``, sees the positions before ``end[b] - (qo[b+1] - 1 -
-    qi)`` (`mlalab.reference.causal_visible`). A work whose range then lies past its row's prefix keeps kv_end =
-    kv_start: it streams nothing and writes the merge's identity (output 0, LSE -inf) to its partial row."""
+    """Works (token positions, as `sm90.host.row_passes` groups them) under the causal mask: row ``qi`` of request b,
+    whose q rows are ``[qo[b], qo[b+1])``, sees the positions before ``end[b] - (qo[b+1] - 1 - qi)``
+    (`mlalab.reference.causal_visible`). Column 7 (unused by the plan) gets that end for the work's last q row, and
+    kv_end is cut to it: a work of one row is then masked by its KV end alone; in a work of several the kernel masks
+    row r of R at ``min(kv_end, column 7 - (R - 1 - r))`` (the sm_90 kernel's ``CAUSAL``). A work whose range lies
+    past the prefix keeps kv_end = kv_start: it streams nothing and writes the merge's identity (output 0, LSE -inf)
+    to its partial rows."""
     wi = row_info.to("cpu", torch.int64).clone()
     if wi.numel() == 0:
         return wi.to(torch.int32)
-    if bool((wi[:, 3] - wi[:, 2] > 1).any()):
-        raise ValueError("causal_work_info needs works of one q row each (sm90.host.row_passes)")
     qo = qo_indptr.to("cpu", torch.int64)
     b = wi[:, 0]
-    prefix_end = _request_ends(kv_indptr, kv_last_page_len, page_size)[b] - (qo[b + 1] - 1 - wi[:, 2])
-    wi[:, 5] = torch.maximum(torch.minimum(wi[:, 5], prefix_end), wi[:, 4])
+    wi[:, 7] = _request_ends(kv_indptr, kv_last_page_len, page_size)[b] - (qo[b + 1] - wi[:, 3])
+    wi[:, 5] = torch.maximum(torch.minimum(wi[:, 5], wi[:, 7]), wi[:, 4])
     return wi.to(torch.int32).contiguous()
 
 
@@ -139,10 +140,10 @@ class Decoder:
         self.p = prepared
         self.plan = plan.to(dev)
         #: stage 1's tables: the plan's (token positions), or its works regrouped (`sm90.host.row_passes`): 1, 2 or 4 q
-        #: rows a work on the sm_90 kernel, one a work on either kernel under the causal mask (its KV end is the row's)
+        #: rows a work on the sm_90 kernel, one a work on the portable kernel under the causal mask (it masks by KV end)
         self.work_indptr, self.work_info = self.plan.work_indptr, work_info.to(dev)
         #: q rows a work of stage 1 runs (the sm_90 kernel puts 2 or 4 side by side where it can:
-        #: `sm90.host.rows_per_cta_of`; 1 under the causal mask)
+        #: `sm90.host.rows_per_cta_of`)
         self.rows_per_cta = 1
         if self.kernel == "sm90":
             q_rows = work_info[:, 3] - work_info[:, 2]

@@ -133,7 +133,7 @@ FP4_BUILDS = {"a16w4-mxfp4": ("bfloat16", 1), "a8w4-mxfp4": ("float8_e4m3fn", 1)
 
 def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst: int | None = None,
                    timeline: bool = False, ablate: int = 0, precision: str | None = None,
-                   page: int | None = None, rows: int = 1) -> BuildReport:  # fmt: skip
+                   page: int | None = None, rows: int = 1, causal: bool = False) -> BuildReport:  # fmt: skip
     """Compile the sm_90 stage 1 (`stage1.stage1_kernel`) on `path` (``"v-regs"``: fp8 q and KV, ``"v-tile"``: bf16,
     ``"v-conv"``: bf16 q and fp8 KV, ``"v-fp4"``: fp4 KV of `precision`, one of `FP4_BUILDS`, default
     ``a16w4-mxfp4``; ``"v-fp4-e4m3"``: fp8 q with MXFP4 KV on the e4m3 route) for sm_90, as the decoder launches
@@ -143,7 +143,7 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     32 to build the page-by-page tile loads of such caches, 1 for a token table's rows by cp.async (with
     ``mask_tail``, as the decoder launches them; not on the fp4 paths), None for whole-tile loads; ``rows``: q rows
     per work, 1, 2 or 4 (in the wgmmas' N: speculative decode on the fp8 path, `host.rows_per_cta_of`), the
-    latter on two warpgroups (8 warps)."""
+    latter on two warpgroups (8 warps); ``causal``: those rows under the causal mask (the kernel's ``CAUSAL``)."""
     import torch
     from triton.runtime.driver import driver
 
@@ -169,7 +169,9 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     if page is not None and (page not in (1, *SUB_TILE_PAGES) or path.startswith("v-fp4")):
         raise ValueError(f"page must be None, 1 (a token table) or one of {SUB_TILE_PAGES} (not on the fp4 paths), "
                          f"got {page!r} on {path}")  # fmt: skip
-    for name, flag in (("mask_tail", mask_tail), ("timeline", timeline)):
+    if causal and rows == 1:
+        raise ValueError("causal builds are of 2 or 4 q rows a work (one row takes the mask from its KV end)")
+    for name, flag in (("mask_tail", mask_tail), ("timeline", timeline), ("causal", causal)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     driver.set_active(_Sm90Driver())
@@ -194,7 +196,7 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
             torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16 * rows, D_NOPE=512, D_ROPE=64,
             BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
             LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4,
-            FP4_E4M3=path == "v-fp4-e4m3", TOKENS=page == 1, TIMELINE=timeline,
+            FP4_E4M3=path == "v-fp4-e4m3", TOKENS=page == 1, CAUSAL=causal, TIMELINE=timeline,
             ABLATE=ablate, REPORT=True, num_warps=4 if rows == 1 else 8, grid=(1,),
         )  # fmt: skip
     conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))

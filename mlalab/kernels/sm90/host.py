@@ -165,10 +165,9 @@ def ctas_per_sm(prepared: PreparedInputs, kv_tokens: int, p_fp8: bool = True) ->
 def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True) -> int:
     """q rows a CTA of the sm_90 kernel runs per work: on the fp8 path (``v-regs``) without a token table, 4 when every
     count in `q_rows` (the q rows of each work, or of each request before a plan exists) is a multiple of 4, else 2
-    when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1, and 1
-    under the causal mask (each row's KV end is its own: `decoder.causal_work_info`)."""
+    when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1."""
     rows = q_rows.to("cpu", torch.int64)
-    if prepared.causal or tokens(prepared) or path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
+    if tokens(prepared) or path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
         return 1
     return next(r for r in (4, 2, 1) if bool((rows % r == 0).all()))
 
@@ -286,7 +285,7 @@ class Sm90Stage1:
             NUM_STAGES=self.stages, MASK_TAIL=not (prepared.contiguous and prepared.page_size == 1),
             LAUNCH_DEPENDENTS=launch_dependents, FIRST_BURST=first_burst(most, self.stages), REPORT=False,
             KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(prepared.spec.kv_format, 0), FP4_E4M3=self.path == "v-fp4-e4m3",
-            TOKENS=tokens(prepared),
+            TOKENS=tokens(prepared), CAUSAL=prepared.causal and rows_per_cta > 1,
             num_warps=4 if rows_per_cta == 1 else 8,
         )  # fmt: skip
         #: fp4 KV: the block scales as bytes (what the kernel reads, `fp4tiles._load_tile_scales`), else a stand-in

@@ -224,6 +224,8 @@ def _stage1_kernel(
     KV_FP4: gl.constexpr,  # 0: fp8 / bf16 KV; 1: MXFP4 codes + E8M0 scales; 2: NVFP4 codes + E4M3 scales (`fp4tiles`)
     FP4_E4M3: gl.constexpr,  # fp8 q, MXFP4 KV on fp8 wgmma: tiles of e4m3 residuals, 2^F in the softmax (`fp4tiles`)
     TOKENS: gl.constexpr,  # page size 1, any token table: TILE_ROWS lists every row, the ring is filled by cp.async
+    CAUSAL: gl.constexpr,  # q rows side by side under the causal mask: column c's KV ends ROWS - 1 - c // H before the
+    # end of the work's last row's prefix, WORK_INFO column 7 (`decoder.causal_work_info`), or at the work's end
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
     ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
@@ -254,6 +256,7 @@ def _stage1_kernel(
     gl.static_assert(ROWS == 1 or (V_IN_REGS and not KV_CONVERT and not TOKENS),
                      "q rows side by side: the fp8 path (v-regs), its ring filled by TMA")  # fmt: skip
     gl.static_assert(ROWS < 4 or WG == 2, "four q rows: Oᵀ (512 x 64) split over two warpgroups")
+    gl.static_assert(not CAUSAL or ROWS > 1, "one q row a work takes the causal mask from its KV end alone")
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the bf16 ring needs 2 stages")
     gl.static_assert(not V_FROM_K or ABLATE == 0, "ablations are written for the fp8 path")
@@ -350,6 +353,8 @@ def _stage1_kernel(
     # Every scalar factor of the scores in one multiply, base 2: S·log2(e) = (q·k codes)·sm·s_q·s_kv·log2(e).
     qk_scale = sm_scale * q_scale * v_scale * 1.4426950408889634
     offs_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ACC))
+    # CAUSAL: how many tokens before the work's KV end each column's q row stops (its row r of ROWS: ROWS - 1 - r)
+    col_back = ROWS - 1 - gl.arange(0, NQ, layout=gl.SliceLayout(0, ACC)) // H
     if KV_FP4:  # the first tile's block scales, staged in shared memory (then each tile stages the next one's)
         sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row0, n_tiles > 0, KV_ROWS, KV_FP4, BLOCK_N)
         scn_smem, scr_smem = _scale_buffers(sc_nope, sc_rope)
@@ -359,6 +364,8 @@ def _stage1_kernel(
         j = w - w_begin
         info = WORK_INFO + w * 8
         partial_loc, qo_start, kv_start, kv_end = _work_row(info)
+        if CAUSAL:  # where each column's q row stops seeing the KV
+            col_end = gl.minimum(kv_end, gl.load(info + 7) - col_back)
         qb = j % 2
         mbarrier.wait(q_bar.index(qb), (j // 2) & 1)
         if w + 1 < w_end:  # buffer (j+1) % 2 held work w-1's q, whose MMAs all completed in its epilogue (fp8 q
@@ -488,10 +495,18 @@ def _stage1_kernel(
                 sc = s_acc * (qk_scale * col)[:, None] + f_tok.to(gl.float32)[:, None]
             else:
                 sc = s_acc * qk_scale
-            sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(sc - m_new[None, :])
+            if CAUSAL:  # each column up to its own row's prefix; a column that has seen no token yet keeps m = -inf
+                # and takes p = 0, alpha = 0 (its accumulators are 0) rather than exp2(-inf + inf)
+                sc = gl.where((start + offs_tok)[:, None] < col_end[None, :], sc, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_use)
+                p = gl.exp2(sc - m_use[None, :])
+            else:
+                sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+                alpha = gl.exp2(m_i - m_new)
+                p = gl.exp2(sc - m_new[None, :])
             if FP4_E4M3:  # the softmax sum counts P = P̂ · 2^-F
                 l_acc = l_acc * alpha[None, :] + p * _pow2(-f_tok)[:, None]
             else:
