@@ -18,7 +18,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 # the suite (--no-clean).
 start_kernel_mutants() {
   local m="timeout $1 env OMP_NUM_THREADS=2 python3 scripts/mutate_gpu.py --no-clean --timeout $2"
-  ( $m --only stage1-no-log2e reduce-no-log2e reduce-online-no-log2e stage1-alpha-parity \
+  ( $m --only stage1-no-log2e reduce-no-log2e reduce-online-no-log2e stage1-alpha-parity stage1-causal-one-late \
     > "$OUT/mutate_gpu_1.log" 2>&1 ) &
   ( $m --only epilogue-lse-base2 stage1-no-rescale portable-no-log2e triton-reduce-no-log2e \
     > "$OUT/mutate_gpu_2.log" 2>&1 ) &

@@ -38,7 +38,7 @@ FP4_TESTS = ("tests/test_fp4_kernels.py",)
 
 #: name -> (module, exact text, replacement, what it breaks, the GPU tests that must catch it, CPU build check)
 #: build check: ("stage1", paths) compiles stage 1 on those paths, ("stage1-rows", rows) the fp8 path with that many
-#: q rows a CTA, ("reduce", max_partials) the Gluon reduce, ("triton-reduce", max_partials) the Triton reduce, None:
+#: q rows a CTA, ("stage1-causal", rows) the same under the causal mask, ("reduce", max_partials) the Gluon reduce, ("triton-reduce", max_partials) the Triton reduce, None:
 #: none (portable stage 1 is checked by the interpreter).
 MUTANTS: dict[str, tuple[str, str, str, str, tuple[str, ...], tuple | None]] = {
     "stage1-no-log2e": (
@@ -82,6 +82,13 @@ MUTANTS: dict[str, tuple[str, str, str, str, tuple[str, ...], tuple | None]] = {
         "alpha = a_smem.index(1 - pb).load(",
         "sm_90 stage 1 on two warpgroups (q_len 2, 4): every column's rescale factor read from the other tile's buffer",
         SM90_TESTS, ("stage1-rows", (2, 4)),
+    ),
+    "stage1-causal-one-late": (
+        "mlalab/kernels/sm90/stage1.py",
+        "col_end = gl.minimum(kv_end, gl.load(info + 7) - col_back)",
+        "col_end = gl.minimum(kv_end, gl.load(info + 7) - col_back + 1)",
+        "sm_90 stage 1, q rows side by side under the causal mask: every row but the last sees one token too many",
+        SM90_TESTS, ("stage1-causal", (2, 4)),
     ),
     "portable-no-log2e": (
         "mlalab/kernels/portable.py",
@@ -202,6 +209,7 @@ kind, args = sys.argv[1], json.loads(sys.argv[2])
 out = {}
 for a in args:
     r = (compile_stage1(a) if kind == "stage1" else compile_stage1("v-regs", rows=a) if kind == "stage1-rows"
+         else compile_stage1("v-regs", rows=a, causal=True) if kind == "stage1-causal"
          else compile_reduce(a) if kind == "reduce" else compile_triton_reduce(a))
     out[str(a)] = {"registers": r.registers, "sass": r.sass,
                    "listing": hashlib.sha256(r.listing.encode()).hexdigest()}  # (a changed constant shows here)
