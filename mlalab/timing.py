@@ -91,14 +91,15 @@ def layout_of(x: Any) -> str:
     return f"page{key[0]}" + ("-permuted" if key[1] else "") + (f"-pool{key[2]}" if key[2] > 1 else "")
 
 
-def case_inputs(batch: int, kv_len: int, q_len: int = 1, layout: str = "contiguous") -> Any:
-    """The seeded inputs of one case (CPU): `batch` requests of `kv_len` tokens, `q_len` query rows each, the KV in
-    `layout` (`LAYOUTS`). The same logical q and KV whatever the layout."""
+def case_inputs(batch: int, kv_len: int, q_len: int = 1, layout: str = "contiguous", causal: bool = False) -> Any:
+    """The seeded inputs of one case (CPU): `batch` requests of `kv_len` tokens, `q_len` query rows each (under the
+    causal mask of speculative verification with `causal`), the KV in `layout` (`LAYOUTS`). The same logical q and KV
+    whatever the layout and the mask."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     page_size, permute, pool = LAYOUTS[layout]
     return make_inputs(DecodeCase.uniform(batch, kv_len, q_len=q_len, page_size=page_size, permute_pages=permute,
-                                          pool_factor=pool))  # fmt: skip
+                                          pool_factor=pool, causal=causal))  # fmt: skip
 
 
 L2_BYTES = 60 * 1024 * 1024
@@ -284,8 +285,8 @@ def bench_one(
     from .backends import get_backend
 
     B, L, Q = x.batch, int(x.kv_lens[0]), int(x.case.q_len)
-    rec = TimingRecord(backend, str(opts.get("planner", "-")), precision, config_cell(opts), B, L, Q, layout_of(x),
-                       copy_tbps=copy_tbps, env=env)  # fmt: skip
+    rec = TimingRecord(backend, str(opts.get("planner", "-")), precision, config_cell(opts), B, L, Q,
+                       bool(x.case.causal), layout_of(x), copy_tbps=copy_tbps, env=env)  # fmt: skip
     nbytes = call_bytes(B, L, precision, Q)
     rec.bytes = nbytes
     rec.floor_us = rate_columns(nbytes, copy_tbps)["floor_us"]
@@ -348,9 +349,9 @@ def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log:
 
 
 def fill_accuracy_by_shape(pending: dict[tuple, list], log: Any = print, after_shape: Any = None) -> None:
-    """The second pass of a timing run: for each case ``(batch, kv_len[, q_len, layout])`` of `pending` (case ->
-    [(record, output)], as `bench_one` with ``refs=None`` kept them), regenerate its inputs (`case_inputs` is seeded:
-    the same inputs that were timed), `fill_accuracy`, log each row's errors and call ``after_shape()`` (e.g.
+    """The second pass of a timing run: for each case ``(batch, kv_len[, q_len, layout[, causal]])`` of `pending`
+    (case -> [(record, output)], as `bench_one` with ``refs=None`` kept them), regenerate its inputs (`case_inputs` is
+    seeded: the same inputs that were timed), `fill_accuracy`, log each row's errors and call ``after_shape()`` (e.g.
     rewrite the CSV)."""
     for key, kept in pending.items():
         if not kept:
@@ -380,8 +381,11 @@ def check_suite_args(
     shapes: list[tuple[int, int]] | None = None,
     q_lens: tuple[int, ...] | None = None,
     layouts: tuple[str, ...] | None = None,
+    causal: bool = False,
 ) -> None:
     """Validate `run_suite`'s arguments before any GPU work (ValueError/TypeError naming the argument)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal (--causal) must be True or False, got {causal!r}")
     if shapes is None and suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
     for q in q_lens or ():
@@ -429,6 +433,7 @@ def run_suite(
     out: str | os.PathLike[str] | None = None,
     q_lens: tuple[int, ...] | None = None,
     layouts: tuple[str, ...] | None = None,
+    causal: bool = False,
 ) -> list[TimingRecord]:
     """Time every backend x precision (x planner x kernel config for triton) on every shape of `suite`. With
     `out`, the CSV is rewritten atomically after each shape, so a crash keeps every finished shape.
@@ -438,9 +443,10 @@ def run_suite(
     whole KV in fp32, twice); computed between timings they left the next timed kernel in different conditions
     (docs/journal.md). Rows whose accuracy is not filled yet say `ACCURACY_PENDING` in `status`. A backend is timed
     in the precisions it declares (its ``PRECISIONS``); Triton with every planner x kernel config. The cases:
-    `suite_cases` (`shapes`, `q_lens`, `layouts` narrow or replace the suite's)."""
+    `suite_cases` (`shapes`, `q_lens`, `layouts` narrow or replace the suite's), each under the causal mask of
+    speculative verification with `causal` (every backend given the flag; its cases of q_len 1 are the same)."""
     check_suite_args(suite, backends, precisions, planners, triton_configs, calls_per_graph, replays, out, shapes,
-                     q_lens, layouts)  # fmt: skip
+                     q_lens, layouts, causal)  # fmt: skip
     env = gpu_info()
     bw = copy_bandwidth()
     log(f"# {env}  copy {bw:.3f} TB/s")
@@ -448,6 +454,7 @@ def run_suite(
     pending: dict[tuple, list] = {}  # case -> [(record, output)] whose errors are filled in pass 2
     for case in suite_cases(suite, shapes, q_lens, layouts):
         B, L, Q, lay = case
+        case = (*case, causal)
         x = case_inputs(*case).to("cuda")
         kept = pending.setdefault(case, [])
         for be in backends:

@@ -190,6 +190,29 @@ def test_bench_validates_and_fails_without_gpu(tmp_path: Path, capsys: pytest.Ca
         check_suite_args(replays=2)
 
 
+def test_causal_timings_are_their_own_rows(tmp_path: Path) -> None:
+    """A causal run (`bench --causal`) records ``causal`` True; runs recorded before the column read as not causal;
+    the views of a layout show one of the two, never both mixed."""
+    from mlalab.records.timings import case_rows, with_case_columns
+    from mlalab.timing import case_inputs
+
+    p = tmp_path / "t.csv"
+    recs = [TimingRecord("triton", "simple", "a8w8", "", 4, 1024, 4, causal, us_median=us) for causal, us in
+            ((False, 10.0), (True, 9.0))]  # fmt: skip
+    write_csv(recs, p)
+    df = with_case_columns(pd.read_csv(p))
+    assert list(case_rows(df, 4)["us_median"]) == [10.0] and list(case_rows(df, 4, causal=True)["us_median"]) == [9.0]
+    old = with_case_columns(pd.read_csv(p).drop(columns=["causal", "q_len"]))  # a run of before both columns
+    assert list(case_rows(old)["us_median"]) == [10.0, 9.0]
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        case_rows(df, 4, causal="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"causal \(--causal\) must be True or False"):
+        check_suite_args(causal=1)  # type: ignore[arg-type]
+    assert case_inputs(2, 64, 4, "paged16", True).case.causal and not case_inputs(2, 64, 4).case.causal
+    with pytest.raises(ValueError, match="shorter than q_len 4 with causal=True"):
+        case_inputs(2, 3, 4, causal=True)
+
+
 def test_write_csv_is_atomic(tmp_path: Path) -> None:
     p = tmp_path / "t.csv"
     rec = TimingRecord("triton", "simple", "a8w8", "", 4, 1024, us_median=1.5)

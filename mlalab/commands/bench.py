@@ -32,6 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="keep only these layouts (contiguous, paged64, paged16, tokens) of the suite's cases",
     )
+    p.add_argument(
+        "--causal",
+        action="store_true",
+        help="time every case under speculative verification's causal mask (q_len > 1; every backend given the flag)",
+    )
     p.add_argument("--backends", type=_csv_list, default=("triton", "flashmla", "flashinfer", "reference-torch"))
     p.add_argument("--precisions", type=_csv_list, default=SUITE_PRECISIONS)
     p.add_argument("--planners", type=_csv_list, default=("simple",), help="triton planners (mlalab.plan.PLANNERS)")
@@ -107,6 +112,7 @@ def run(a: argparse.Namespace) -> int:
         out=a.out,
         q_lens=a.q_lens,
         layouts=a.layouts,
+        causal=a.causal,
     )
     check_suite_args(a.suite, **kw)  # every argument checked before anything is measured
     if not torch.cuda.is_available():

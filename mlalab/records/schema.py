@@ -25,8 +25,8 @@ DATA_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path
 
 CSV_COLUMNS = [
     "date", "gpu", "sm_count", "driver", "torch", "triton", "backend", "planner", "precision", "config",
-    "batch", "kv_len", "q_len", "layout", "us_median", "us_iqr", "bytes", "tbps", "copy_tbps", "pct_copy", "floor_us",
-    "err_vs_exact", "err_quant_emulated", "err_vs_emulated", "status",
+    "batch", "kv_len", "q_len", "causal", "layout", "us_median", "us_iqr", "bytes", "tbps", "copy_tbps", "pct_copy",
+    "floor_us", "err_vs_exact", "err_quant_emulated", "err_vs_emulated", "status",
 ]  # fmt: skip
 
 #: The columns that say where and with what a table was measured (`mlalab.timing.gpu_info`); every GPU table of
@@ -48,6 +48,7 @@ class TimingRecord:
     batch: int
     kv_len: int
     q_len: int = 1
+    causal: bool = False  # speculative verification's causal mask (`DecodeCase.causal`)
     layout: str = "contiguous"
     us_median: float = math.nan
     us_iqr: float = math.nan

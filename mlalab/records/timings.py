@@ -65,23 +65,30 @@ def load_recorded(data_dir: str | Sequence[str] = TIMINGS_DIR) -> pd.DataFrame:
 
 
 def with_case_columns(d: pd.DataFrame) -> pd.DataFrame:
-    """Runs recorded before the `q_len` / `layout` columns timed q_len 1 on a contiguous cache."""
+    """Runs recorded before the `q_len` / `causal` / `layout` columns timed q_len 1 without a mask on a contiguous
+    cache."""
     if "q_len" not in d.columns:
         d = d.assign(q_len=1)
+    if "causal" not in d.columns:
+        d = d.assign(causal=False)
     if "layout" not in d.columns:
         d = d.assign(layout="contiguous")
-    d = d.fillna({"q_len": 1, "layout": "contiguous"}).astype({"q_len": int})
+    d = d.fillna({"q_len": 1, "causal": False, "layout": "contiguous"}).astype({"q_len": int})
+    d = d.assign(causal=d["causal"].map(lambda v: str(v).strip().lower() in ("true", "1")))
     return d[[c for c in CSV_COLUMNS if c in d.columns] + [c for c in d.columns if c not in CSV_COLUMNS]]
 
 
-def case_rows(df: pd.DataFrame, q_len: int = 1, layout: str = "contiguous") -> pd.DataFrame:
-    """The rows of one decode layout: `q_len` query rows per request, KV in `layout` (`mlalab.timing.LAYOUTS`)."""
+def case_rows(df: pd.DataFrame, q_len: int = 1, layout: str = "contiguous", causal: bool = False) -> pd.DataFrame:
+    """The rows of one decode layout: `q_len` query rows per request, under the causal mask or not, KV in `layout`
+    (`mlalab.timing.LAYOUTS`)."""
     if isinstance(q_len, bool) or not isinstance(q_len, int) or q_len < 1:
         raise ValueError(f"q_len must be an int >= 1, got {q_len!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     if not isinstance(layout, str):
         raise TypeError(f"layout must be a str, got {type(layout).__name__}")
     d = with_case_columns(df)
-    return d[(d["q_len"] == q_len) & (d["layout"] == layout)]
+    return d[(d["q_len"] == q_len) & (d["layout"] == layout) & (d["causal"] == causal)]
 
 
 def _check_df(df: object) -> pd.DataFrame:
