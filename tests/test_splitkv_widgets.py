@@ -86,6 +86,25 @@ def test_default_panel_teaches_a_ragged_batch_with_differing_merge_weights() -> 
     assert len(p.timeline_box.children) == 2 and "measured on the H200" in p.timeline_note.value
 
 
+def test_panel_teaches_the_causal_mask_of_speculative_decode() -> None:
+    """q_len 4 under the causal mask, 40 CUs: a 130-token request is cut at 64 and 128, and q rows 0 and 1 see none
+    of the last work's 2 tokens: its partial LSE is drawn as -inf with weight 0, the merge text says why, the
+    emulator still equals the reference; the last row sees it (weight > 0), and without the mask every row does."""
+    p = split_kv_panel(planner="simple", batch=4, kv_len=130, kv_mode="uniform", q_len=4, causal=True)
+    p.controls["target"].value = "custom"
+    p.controls["cus"].value = 40
+    weights = lambda: [t for t in p.figures["step"].data if t.name == "merge weight"][0].y  # noqa: E731
+    empty = lambda: [t for t in p.figures["step"].data if t.name.startswith("L_i = −∞")]  # noqa: E731
+    assert p.controls["row"].max == 3 and len(weights()) == 3
+    assert weights()[-1] == 0 and empty() and "the causal mask" in p.merge.value
+    assert "q row 0 of 4" in p.figures["step"].layout.title.text and p.rel_l2 < 1e-13
+    p.controls["row"].value = 3  # the last row sees every token
+    assert weights()[-1] > 0 and not empty() and "q row 3 of 4" in p.figures["step"].layout.title.text
+    p.controls["row"].value = 0
+    p.controls["causal"].value = False
+    assert weights()[-1] > 0 and not empty() and p.rel_l2 < 1e-13
+
+
 def test_gantt_targets_and_zoom() -> None:
     qo, kv = indptrs_for([4096, 100, 100])
     p = make_plan("aiter-intra-batch", qo, kv, "mi355x")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.colors as pc
 import plotly.graph_objects as go
@@ -258,12 +260,18 @@ def step_through_figure(
     if not works:
         raise ValueError(f"the trace has no work for request {request}")
     n = len(works)
+    nq = works[0].q_rows[1] - works[0].q_rows[0]
+    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < nq:
+        raise ValueError(f"row must be an int in [0, {nq}) (the request's q rows), got {row!r}")
+    who = f", q row {row} of {nq}" if nq > 1 else ""
     step = n + 1 if step is None else step
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= n + 1:
         raise ValueError(f"step must be an int in [0, {n + 1}], got {step!r}")
     red = [r for r in result.trace["reduce"] if r.batch == request]
     labels = [f"{w.tokens[0]}-{w.tokens[1]}" for w in works]
-    lse = [float(w.lse[row, head]) for w in works]
+    lse_all = [float(w.lse[row, head]) for w in works]
+    # a partial whose row saw none of its work's tokens (the causal mask) has L_i = -inf: merge weight 0, no bar
+    lse = [v if math.isfinite(v) else None for v in lse_all]
     norm = [float(w.out_norm[row, head]) for w in works]
     weights = [float(v) for v in red[0].weights[:, row, head]] if red else [1.0]
     done = [i < step for i in range(n)]
@@ -271,7 +279,7 @@ def step_through_figure(
     out_row = result.out[r, head]
     ref_row = reference_out[r, head].to(out_row.dtype)
     err = float((out_row - ref_row).norm() / ref_row.norm()) if float(ref_row.norm()) > 0 else 0.0
-    merged_lse = float(red[0].lse[row, head]) if red else lse[0]
+    merged_lse = float(red[0].lse[row, head]) if red else lse_all[0]
     fig = make_subplots(
         rows=1,
         cols=3,
@@ -300,14 +308,21 @@ def step_through_figure(
         showlegend=False,
         name="partial LSE",
     )
+    finite = [v for v in lse if v is not None]
+    lo = min((v for v, d in zip(lse, done) if d and v is not None), default=min(finite, default=0.0))
+    empty = [i for i, (v, d) in enumerate(zip(lse, done)) if d and v is None]
+    if empty:  # drawn at the axis' foot: this row sees none of these works' tokens
+        fig.add_scatter(x=[labels[i] for i in empty], y=[lo - 0.3] * len(empty), mode="markers+text",
+                        text=["−∞"] * len(empty), textposition="top center", marker={"symbol": "x", "color": "#ef553b"},
+                        row=1, col=2, name="L_i = −∞ (no token visible: weight 0)", showlegend=False)  # fmt: skip
     at_reduce = step == n + 1
     if at_reduce:
         fig.add_scatter(
             x=labels, y=[merged_lse] * n, mode="lines", name="merged LSE", row=1, col=2, line={"dash": "dash"}
         )
         fig.add_bar(x=labels, y=weights, row=1, col=3, marker_color="#00cc96", showlegend=False, name="merge weight")
-    lo = min((v for v, d in zip(lse, done) if d), default=0.0)
-    fig.update_yaxes(range=[lo - 0.5, max(lse + [merged_lse]) + 0.5], row=1, col=2)
+    top = max(finite + ([merged_lse] if math.isfinite(merged_lse) else []), default=lo)
+    fig.update_yaxes(range=[lo - 0.5, top + 0.5], row=1, col=2)
     fig.update_xaxes(
         title_text="tokens of the work", tickangle=-45 if n > 6 else 0, tickfont={"size": 9}, nticks=min(n, 12)
     )
@@ -318,7 +333,7 @@ def step_through_figure(
     else:
         how = f"stage 1 after {step} of {n} works (the reduce runs at step {n + 1})"
     fig.update_layout(
-        title={"text": f"Request {request}, head {head}: {how}", "font": {"size": 14}},
+        title={"text": f"Request {request}, head {head}{who}: {how}", "font": {"size": 14}},
         height=380,
         margin={"l": 50, "r": 20, "t": 80, "b": 90},
     )

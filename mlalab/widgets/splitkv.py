@@ -81,7 +81,9 @@ def worked_merge(result: EmulationResult, request: int = 0, head: int = 0, row: 
         f"L<sub>i</sub> = [{fmt(L)}] → M = {M:.4f}; w<sub>i</sub> = [{fmt(w)}]; Σ w<sub>i</sub> = {S:.4f}; "
         f"normalised weights [{fmt([x / S for x in w])}]; L = {M:.4f} + ln {S:.4f} = {M + math.log(S):.4f} "
         f"(the emulator's merged LSE: {float(red[0].lse[row, head]):.4f})."
-    )
+        + (" L<sub>i</sub> = −∞: this q row sees none of that work's tokens (the causal mask), so its weight is 0."
+           if any(math.isinf(v) for v in L) else "")
+    )  # fmt: skip
 
 
 @dataclass
@@ -103,13 +105,17 @@ class SplitKVPanel:
     export: ExportBar | None = None
 
     def kv_lens(self) -> tuple[int, ...]:
+        """The batch's KV lengths; under the causal mask a non-empty request holds at least q_len tokens."""
         c = self.controls
         B, n = c["batch"].value, c["kv_len"].value
         if c["kv_mode"].value == "ragged":
-            return ragged_kv_lens(B, n, seed=c["seed"].value, min_len=0)
-        if c["kv_mode"].value == "one long":
-            return (c["long_len"].value,) + (n,) * (B - 1)
-        return (n,) * B
+            lens = ragged_kv_lens(B, n, seed=c["seed"].value, min_len=0)
+        elif c["kv_mode"].value == "one long":
+            lens = (c["long_len"].value,) + (n,) * (B - 1)
+        else:
+            lens = (n,) * B
+        q = c["q_len"].value
+        return tuple(max(k, q) if k and c["causal"].value else k for k in lens)
 
     def target(self) -> str | int:
         t = self.controls["target"].value
@@ -117,7 +123,7 @@ class SplitKVPanel:
 
     def _plan(self, target: str | int, lens: tuple[int, ...]) -> WorkPlan:
         c = self.controls
-        qo, kv = indptrs_for(lens)
+        qo, kv = indptrs_for(lens, c["q_len"].value)
         knobs: dict[str, object] = {"kv_granularity": c["granularity"].value}
         if c["splits"].value > 0 and c["planner"].value != "aiter-cost-heap":
             knobs["max_split_per_batch"] = c["splits"].value
@@ -190,13 +196,16 @@ class SplitKVPanel:
             _replace(self.figures["step"], go.Figure(layout={"title": f"request {b}: no step-through", "height": 120}))
             return
         sub = self.plan.for_request(b)
-        x = make_inputs(DecodeCase(kv_lens=(n,), seed=c["seed"].value, dist=c["dist"].value))
+        q_len = c["q_len"].value
+        c["row"].max = q_len - 1
+        x = make_inputs(DecodeCase(kv_lens=(n,), q_len=q_len, seed=c["seed"].value, dist=c["dist"].value,
+                                   causal=c["causal"].value))  # fmt: skip
         x = dataclasses.replace(x, q=x.q * c["q_scale"].value)
         self.result = emulate_plan(x, sub, trace=True)
         self.ref, _ = decode_inputs_reference(x)
         out, ref = self.result.out, self.ref.to(self.result.out.dtype)
         self.rel_l2 = float((out - ref).norm() / ref.norm())
-        self.merge.value = worked_merge(self.result, 0, c["head"].value) + (
+        self.merge.value = worked_merge(self.result, 0, c["head"].value, min(c["row"].value, q_len - 1)) + (
             f" Whole request, all heads: rel-L2 vs the exact reference {self.rel_l2:.1e}."
         )
         works = sub.n_work
@@ -212,7 +221,8 @@ class SplitKVPanel:
             return
         c = self.controls
         b = min(c["request"].value, self.plan.batch - 1)
-        fig = step_through_figure(self.result, self.ref, request=0, head=c["head"].value, step=c["step"].value)
+        row = min(c["row"].value, c["q_len"].value - 1)
+        fig = step_through_figure(self.result, self.ref, request=0, head=c["head"].value, row=row, step=c["step"].value)
         fig.update_layout(title_text=fig.layout.title.text.replace("Request 0", f"Request {b}", 1))
         _replace(self.figures["step"], fig)
 
@@ -229,6 +239,8 @@ def split_kv_panel(
     granularity: int = 16,
     dist: str = "unit",
     q_scale: float = 3.0,
+    q_len: int = 1,
+    causal: bool = False,
 ) -> SplitKVPanel:
     """Build the panel with the given starting values; call ``display(p.panel)``."""
     style = {"description_width": "170px"}
@@ -262,13 +274,19 @@ def split_kv_panel(
         "request": W.IntSlider(value=0, min=0, max=max(batch - 1, 0), description="step-through request", style=style,
                                layout=lay),
         "head": W.IntSlider(value=0, min=0, max=15, description="head", style=style, layout=lay),
+        "q_len": W.Dropdown(options=[1, 2, 4], value=q_len, description="q rows a request (MTP)", style=style,
+                            layout=lay),
+        "causal": W.Checkbox(value=causal, description="causal (row i sees all but the q_len−1−i newest)",
+                             style=style, layout=lay),
+        "row": W.IntSlider(value=0, min=0, max=max(q_len - 1, 0), description="q row (step-through)", style=style,
+                           layout=lay),
         "step": W.IntSlider(value=0, min=0, max=1, description="step (works, then reduce)", style=style, layout=lay),
     }  # fmt: skip
     figures = {k: go.FigureWidget() for k in ("targets", "gantt", "timeline", "work_map", "step")}
     p = SplitKVPanel(W.VBox(), controls, figures, W.HTML(), W.HTML(), W.HTML(), W.HTML())
     left = W.VBox([controls[k] for k in ("target", "cus", "planner", "batch", "kv_mode", "kv_len", "long_len", "seed")])
-    right = W.VBox([controls[k] for k in ("splits", "granularity", "overhead", "dist", "q_scale", "request", "head",
-                                          "step")])  # fmt: skip
+    right = W.VBox([controls[k] for k in ("splits", "granularity", "overhead", "dist", "q_scale", "q_len", "causal",
+                                          "request", "row", "head", "step")])  # fmt: skip
     p.export = exp = export_bar(
         lambda: f"plan_{p.controls['planner'].value}_{p.target()}",
         table=lambda: None if p.plan is None else p.plan.to_frame(),
@@ -292,7 +310,7 @@ def split_kv_panel(
     for k, w in controls.items():
         if k == "step":
             continue
-        w.observe(p.update_inputs if k in ("request", "head", "dist", "q_scale") else p.update, names="value")
+        w.observe(p.update_inputs if k in ("request", "head", "row", "dist", "q_scale") else p.update, names="value")
     controls["step"].observe(p.update_step, names="value")
     p.update()
     return p
