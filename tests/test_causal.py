@@ -200,3 +200,26 @@ def test_aiter_keywords_carry_the_flag_and_refuse_a_release_without_it() -> None
     assert mla_decode_fwd_kwargs(**fwd, accepts=("causal",), causal=True)["causal"] is True
     with pytest.raises(ValueError, match="takes `causal`"):
         mla_decode_fwd_kwargs(**fwd, accepts=(), causal=True)
+
+
+def test_accuracy_evaluation_and_sweeps_use_the_mask(tmp_path) -> None:  # noqa: ANN001
+    """`evaluate` of a causal case measures against the causal reference (its bf16 error is tiny; against the
+    non-causal answer it would be large), and `sweep --causal` masks the cases of q_len > 1 only (a q_len 1 case is
+    the same either way: one row key)."""
+    import pandas as pd
+
+    from mlalab.__main__ import main
+    from mlalab.accuracy.metrics import evaluate
+    from mlalab.accuracy.metrics import prepare as prepare_case
+
+    case = DecodeCase(kv_lens=(130, 9), q_len=4, seed=3, dist="unit", causal=True)
+    p = prepare_case(case)
+    assert torch.equal(p.ref_out, decode_inputs_reference(make_inputs(case))[0])
+    rec = evaluate(case, "bf16", "bf16")
+    wide = decode_inputs_reference(make_inputs(case), causal=False)[0]
+    assert rec["rel_l2"] < 1e-2 < _rel(wide, p.ref_out)
+    out = tmp_path / "s.csv"
+    assert main(["sweep", "--batch", "2", "--kv-len", "64", "--q-len", "1,4", "--causal", "--q-schemes", "bf16",
+                 "--kv-schemes", "bf16", "--out", str(out)]) == 0  # fmt: skip
+    cases = sorted(pd.read_csv(out)["case"])
+    assert cases == ["B2-L64-q1-competition-s0", "B2-L64-q4c-competition-s0"]

@@ -66,13 +66,16 @@ class CompetitionPreset:
         """The preset's seed of benchmark shape (batch, kv_len); 0 for a shape outside the preset."""
         return dict(zip(self.shapes, self.seeds)).get((batch, kv_len), 0)
 
-    def case(self, batch: int, kv_len: int, *, q_len: int = 1, seed: int | None = None) -> DecodeCase:
-        """The `DecodeCase` of one shape with the preset's inputs (seed: the shape's, unless given)."""
+    def case(self, batch: int, kv_len: int, *, q_len: int = 1, seed: int | None = None,
+             causal: bool = False) -> DecodeCase:  # fmt: skip
+        """The `DecodeCase` of one shape with the preset's inputs (seed: the shape's, unless given), under the causal
+        mask with `causal`."""
         for n, v in (("batch", batch), ("kv_len", kv_len)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{n} must be a positive int, got {v!r}")
         s = self.seed_for(batch, kv_len) if seed is None else seed
-        return DecodeCase.uniform(batch, kv_len, q_len=q_len, seed=s, dist=self.dist, scale=float(self.scale))
+        return DecodeCase.uniform(batch, kv_len, q_len=q_len, seed=s, dist=self.dist, scale=float(self.scale),
+                                  causal=causal)  # fmt: skip
 
     def cases(self) -> list[DecodeCase]:
         """The benchmark cases: each shape with its seed."""

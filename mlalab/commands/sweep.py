@@ -58,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "4..128 x 1024, 8192)",
     )
     p.add_argument("--q-len", type=parse_int_list, default=(1,), help="query lengths, comma-separated")
+    p.add_argument("--causal", action="store_true",
+                   help="cases of q_len > 1 under speculative verification's causal mask")  # fmt: skip
     p.add_argument("--seed", type=parse_int_list, default=None, help="seeds, comma-separated (default 0)")
     p.add_argument(
         "--dist", default=None, help="input distributions, comma-separated ('all': every one; default competition)"
@@ -103,13 +105,13 @@ def _grid_args(a: argparse.Namespace) -> tuple[list[DecodeCase], tuple[str, ...]
         if given:
             raise ValueError(f"--preset {a.preset} sets the shapes, seeds and inputs; drop {given}")
         preset = get_preset(a.preset)
-        cases = [preset.case(b, L, q_len=ql) for b, L in preset.shapes for ql in a.q_len]
+        cases = [preset.case(b, L, q_len=ql, causal=a.causal and ql > 1) for b, L in preset.shapes for ql in a.q_len]
     else:
         batches, kv_lens = a.batch or (4,), a.kv_len or (1024,)
         shapes = a.shapes if a.shapes is not None else tuple((b, L) for b in batches for L in kv_lens)
         dists = _list(a.dist or "competition", tuple(d.value for d in InputDist), "dist")
         cases = [
-            DecodeCase.uniform(b, L, q_len=ql, seed=s, dist=d, scale=a.scale)
+            DecodeCase.uniform(b, L, q_len=ql, seed=s, dist=d, scale=a.scale, causal=a.causal and ql > 1)
             for d in dists
             for b, L in shapes
             for ql in a.q_len
