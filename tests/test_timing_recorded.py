@@ -105,9 +105,9 @@ def test_panel_reads_the_layout_runs_too(tmp_path) -> None:  # noqa: ANN001
 
     p = timing_panel()
     cases = [v for _, v in p.layout.options]
-    assert (1, "tokens") in cases and (1, "paged16") in cases and (2, "contiguous") in cases
+    assert (1, "tokens", False) in cases and (1, "paged16", False) in cases and (2, "contiguous", False) in cases
     p.run.value = "h100_2026-12-06_tokens_q1.csv"
-    p.layout.value = (1, "tokens")
+    p.layout.value = (1, "tokens", False)
     bars = [t for t in p.bars.data if t.name == "triton a8w8"]
     assert bars and len(bars[0].y) == 14 and "tokens" not in p.message.value
     with pytest.raises(TypeError, match="data_dir must be a folder path"):

@@ -373,8 +373,9 @@ def test_every_recorded_run_reads_whatever_knobs_its_config_cells_name() -> None
 
 
 def test_decode_layout_selector_filters_the_view() -> None:
-    """The timing panel's decode-layout control lists the (q_len, layout) pairs recorded and the view shows only
-    that layout's rows; old runs (no q_len / layout columns) count as q_len 1 on a contiguous cache."""
+    """The timing panel's decode-layout control lists the (q_len, layout, causal) triples recorded and the view shows
+    only that layout's rows; old runs (no q_len / layout / causal columns) count as q_len 1 on a contiguous cache
+    without the mask, and rows timed under the causal mask are a layout of their own (never mixed with the rest)."""
     import pandas as pd
 
     from mlalab.records.timings import load_recorded, recorded_view
@@ -384,11 +385,25 @@ def test_decode_layout_selector_filters_the_view() -> None:
     assert set(zip(df["q_len"], df["layout"])) >= {(1, "contiguous")}
     run = "h200_2026-12-04_run18.csv"
     extra = df[df["run"] == run].assign(q_len=2, layout="paged64", us_median=1e6)
-    both = pd.concat([df, extra], ignore_index=True)
+    masked = extra.assign(causal=True, us_median=2e6)
+    both = pd.concat([df, extra, masked], ignore_index=True)
     p = timing_panel(both)
-    assert (2, "paged64") in [v for _, v in p.layout.options] and not p.layout.disabled
+    options = {v: label for label, v in p.layout.options}
+    assert (2, "paged64", False) in options and not p.layout.disabled
+    assert (
+        options[(2, "paged64", True)] == "q_len 2 · paged64 · causal"
+        and "causal" not in options[(1, "contiguous", False)]
+    )
     plain = recorded_view(both, run=run)
     mtp = recorded_view(both, run=run, q_len=2, layout="paged64")
+    causal = recorded_view(both, run=run, q_len=2, layout="paged64", causal=True)
     assert (plain.rows["us_median"] < 1e6).all() and (mtp.rows["us_median"] == 1e6).all()
+    assert (causal.rows["us_median"] == 2e6).all() and len(causal.rows) == len(mtp.rows)
+    p.run.value = run
+    p.layout.value = (2, "paged64", True)
+    bars = [t for t in p.bars.data if t.name == "triton a8w8"]
+    assert bars and all(y == pytest.approx(2e6) for y in bars[0].y)
     with pytest.raises(ValueError, match="no recorded rows for q_len 4 with the 'tokens' layout"):
         recorded_view(both, q_len=4, layout="tokens")
+    with pytest.raises(ValueError, match="'contiguous' layout under the causal mask"):
+        recorded_view(both, q_len=1, causal=True)

@@ -178,9 +178,10 @@ def best_per_shape(df: pd.DataFrame, backend: str, precision: str, planner: str 
 
 def recorded_view(
     df: pd.DataFrame, *, best_of_all: bool = False, run: str | None = None, planner: str | None = None,
-    q_len: int = 1, layout: str = "contiguous", gpu: str = REFERENCE_GPU,
+    q_len: int = 1, layout: str = "contiguous", causal: bool = False, gpu: str = REFERENCE_GPU,
 ) -> RecordedView:  # fmt: skip
-    """The rows a view shows, of one decode layout (`case_rows`: q_len 1 on a contiguous cache by default). Default:
+    """The rows a view shows, of one decode layout (`case_rows`: q_len 1 on a contiguous cache without the causal mask
+    by default). Default:
     ONE run (`run`, else `default_run`) with Triton at its default config and planner (`planner` picks another
     planner's default-config rows); peers as recorded in that run. With `best_of_all`: the fastest row per shape over
     every run and config on `gpu` (`best_per_shape`), labelled as such. `gpu` (default the reference GPU) also picks
@@ -188,9 +189,10 @@ def recorded_view(
     df = _check_df(df)
     if not isinstance(gpu, str):
         raise TypeError(f"gpu must be a str (e.g. {REFERENCE_GPU!r}), got {type(gpu).__name__}")
-    df = case_rows(df, q_len, layout)
+    df = case_rows(df, q_len, layout, causal)
     if df.empty:
-        raise ValueError(f"no recorded rows for q_len {q_len} with the {layout!r} layout")
+        mask = " under the causal mask" if causal else ""
+        raise ValueError(f"no recorded rows for q_len {q_len} with the {layout!r} layout{mask}")
     if not isinstance(best_of_all, bool):
         raise TypeError(f"best_of_all must be a bool, got {type(best_of_all).__name__}")
     if planner is not None and planner not in set(df["planner"]):

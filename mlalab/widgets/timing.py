@@ -68,7 +68,7 @@ class TimingPanel:
     busy: BusyIndicator
     export: ExportBar
     shown: dict[str, object]  # what the panel shows now: "rows" (DataFrame of the series drawn), "stem" (file name)
-    layout: W.Dropdown | None = None  # the decode layout: (q_len, KV layout) pairs recorded
+    layout: W.Dropdown | None = None  # the decode layout: (q_len, KV layout, causal) triples recorded
 
 
 #: wide enough for every recorded file name (dropdowns cut their text at their width)
@@ -108,9 +108,10 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
                       indent=False,
                       layout=W.Layout(width="auto"))  # fmt: skip
     full = with_case_columns(df)
-    cases = sorted(set(zip(full["q_len"], full["layout"])))
-    layout = W.Dropdown(options=[(f"q_len {q} · {lay}", (int(q), str(lay))) for q, lay in cases],
-                        value=(1, "contiguous") if (1, "contiguous") in cases else cases[0],
+    cases = sorted({(int(q), str(lay), bool(c)) for q, lay, c in zip(full["q_len"], full["layout"], full["causal"])})
+    labels = [f"q_len {q} · {lay}" + (" · causal" if c else "") for q, lay, c in cases]
+    layout = W.Dropdown(options=list(zip(labels, cases)),
+                        value=(1, "contiguous", False) if (1, "contiguous", False) in cases else cases[0],
                         description="decode layout", style={"description_width": "initial"},
                         disabled=len(cases) < 2)  # fmt: skip
     view_html, message, table = W.HTML(), W.HTML(), W.HTML()
@@ -129,7 +130,7 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
         try:
             view: RecordedView = recorded_view(
                 df, best_of_all=best.value, run=None if best.value else run.value, planner=planner.value,
-                q_len=layout.value[0], layout=layout.value[1], gpu=gpu,
+                q_len=layout.value[0], layout=layout.value[1], causal=layout.value[2], gpu=gpu,
             )  # fmt: skip
         except ValueError as e:
             view_html.value, message.value, table.value = "", f"<i>{e}</i>", ""
