@@ -38,8 +38,8 @@ FP4_TESTS = ("tests/test_fp4_kernels.py",)
 
 #: name -> (module, exact text, replacement, what it breaks, the GPU tests that must catch it, CPU build check)
 #: build check: ("stage1", paths) compiles stage 1 on those paths, ("stage1-rows", rows) the fp8 path with that many
-#: q rows a CTA, ("stage1-causal", rows) the same under the causal mask, ("reduce", max_partials) the Gluon reduce, ("triton-reduce", max_partials) the Triton reduce, None:
-#: none (portable stage 1 is checked by the interpreter).
+#: q rows a CTA, ("stage1-causal", rows) the same under the causal mask, ("reduce", max_partials) the Gluon reduce,
+#: ("triton-reduce", max_partials) the Triton reduce, None: none (portable stage 1 is checked by the interpreter).
 MUTANTS: dict[str, tuple[str, str, str, str, tuple[str, ...], tuple | None]] = {
     "stage1-no-log2e": (
         "mlalab/kernels/sm90/stage1.py",
