@@ -18,7 +18,7 @@ export PYTHONPATH=$PWD/.before:$PYTHONPATH TRITON_CACHE_DIR=$PWD/.tcache
 el() { echo $(($(date +%s) - T0)); }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)"
-  echo "commit $(git rev-parse HEAD 2>/dev/null || cat .head 2>/dev/null)"; } | tee "$OUT/ab.log"
+  echo "commit $(cat .head 2>/dev/null || git rev-parse HEAD 2>/dev/null) (.head: the device copy's git may name another)"; } | tee "$OUT/ab.log"
 for q in ${Q_LENS:-4 2}; do
   timeout "${AB_S:-110}" python3 experiments/ab.py --q-len "$q" --precision "${PRECISION:-a8w8}" --before .before \
     --variants auto,before:auto --shapes "${SHAPES:-4x1024,32x1024,128x1024,4x8192,32x8192,128x8192}" \

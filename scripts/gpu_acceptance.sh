@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 . scripts/device_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)"
-  echo "commit $(git rev-parse HEAD 2>/dev/null || cat .head 2>/dev/null)"; nproc; } | tee "$OUT/gpu.txt"
+  echo "commit $(cat .head 2>/dev/null || git rev-parse HEAD 2>/dev/null) (.head: the device copy's git may name another)"; nproc; } | tee "$OUT/gpu.txt"
 # the study: its table is resumed under $OUT (appended in chunks: a cut loses only the rows in flight)
 SW=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1>100000)?3:2}')
 STUDY=${STUDY:-data/accuracy/gpu_2026-12-06_study2.parquet}
