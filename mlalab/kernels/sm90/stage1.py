@@ -44,9 +44,7 @@ Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) di
 (page size 1 with the identity page table, or pages that are multiples of 64 tokens), a tile of whole pages of 16
 or 32 tokens (one TMA box per page), or 64 rows of a token table (page size 1, any table: ``TOKENS``, the ring filled
 by cp.async, `_copy_token_rows`); the last two not with fp4 KV, whose block scales are read per tile; e4m3fn codes
-for fp8. The kernel runs one q row (16 heads) per work, or on the fp8 path 2 or 4 (above): a plan's works of q_len
-rows reach it as works of 1, 2 or 4 rows, one per CTA of a group streaming the same tiles (`host.row_passes`,
-`host.rows_per_cta_of`).
+for fp8. A work is 1 q row (16 heads), or 2 or 4 on the fp8 path (above; `host.row_passes`, `host.rows_per_cta_of`).
 """
 
 from __future__ import annotations
@@ -292,9 +290,8 @@ def _stage1_kernel(
     gl.static_assert(SUB == 1 or not KV_FP4, "fp4 block scales are read per tile: pages of >= 64 tokens")
     sub_rows = TILE_ROWS + t_begin * SUB
 
-    # wgmma accumulators: Sᵀ (BLOCK_N × NQ), a warpgroup's 4 warps along the tokens (M) and the warpgroups side by side
-    # along N (NQ / WG columns each: its q rows); Oᵀ (512 × NQ), all the warps along M (the value dims, π of `vpaths`)
-    # and N = NQ (16 heads of each q row of the work) per instruction. With one warpgroup both are one layout.
+    # wgmma accumulators: Sᵀ (BLOCK_N × NQ), a warpgroup's 4 warps along the tokens (M), the warpgroups side by side
+    # along N (its q rows); Oᵀ (512 × NQ), all warps along M (value dims, π of `vpaths`), N = NQ. One WG: one layout.
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
                                                   instr_shape=[16, NQ // WG, 256 // MMA_BITS])  # fmt: skip
     ACC_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1],
