@@ -399,6 +399,8 @@ def test_decode_layout_selector_filters_the_view() -> None:
     causal = recorded_view(both, run=run, q_len=2, layout="paged64", causal=True)
     assert (plain.rows["us_median"] < 1e6).all() and (mtp.rows["us_median"] == 1e6).all()
     assert (causal.rows["us_median"] == 2e6).all() and len(causal.rows) == len(mtp.rows)
+    assert causal.short.startswith("q_len 2 · paged64 · causal, ") and "causal" not in mtp.short
+    assert "q_len" not in plain.short and "q_len" not in plain.label
     p.run.value = run
     p.layout.value = (2, "paged64", True)
     bars = [t for t in p.bars.data if t.name == "triton a8w8"]

@@ -181,11 +181,11 @@ def recorded_view(
     q_len: int = 1, layout: str = "contiguous", causal: bool = False, gpu: str = REFERENCE_GPU,
 ) -> RecordedView:  # fmt: skip
     """The rows a view shows, of one decode layout (`case_rows`: q_len 1 on a contiguous cache without the causal mask
-    by default). Default:
-    ONE run (`run`, else `default_run`) with Triton at its default config and planner (`planner` picks another
-    planner's default-config rows); peers as recorded in that run. With `best_of_all`: the fastest row per shape over
-    every run and config on `gpu` (`best_per_shape`), labelled as such. `gpu` (default the reference GPU) also picks
-    whose default run is shown; a `run` named explicitly is shown whatever its GPU."""
+    by default; any other is named in the label). Default: ONE run (`run`, else `default_run`) with Triton at its
+    default config and planner (`planner` picks another planner's default-config rows); peers as recorded in that
+    run. With `best_of_all`: the fastest row per shape over every run and config on `gpu` (`best_per_shape`),
+    labelled as such. `gpu` (default the reference GPU) also picks whose default run is shown; a `run` named
+    explicitly is shown whatever its GPU."""
     df = _check_df(df)
     if not isinstance(gpu, str):
         raise TypeError(f"gpu must be a str (e.g. {REFERENCE_GPU!r}), got {type(gpu).__name__}")
@@ -193,6 +193,10 @@ def recorded_view(
     if df.empty:
         mask = " under the causal mask" if causal else ""
         raise ValueError(f"no recorded rows for q_len {q_len} with the {layout!r} layout{mask}")
+    # a layout other than the default is named in the label and the short title (exported figures say what they show)
+    case = "" if (q_len, layout, causal) == (1, "contiguous", False) else f"q_len {q_len} · {layout}"
+    case += " · causal" if causal else ""
+    case = f"{case}, " if case else ""
     if not isinstance(best_of_all, bool):
         raise TypeError(f"best_of_all must be a bool, got {type(best_of_all).__name__}")
     if planner is not None and planner not in set(df["planner"]):
@@ -218,7 +222,7 @@ def recorded_view(
             "shape, "
             "so no single kernel configuration achieves this table; each winner's run · planner · config is shown"
         )
-        return RecordedView(rows, True, files, label, f"best of ≤{n} configs over {len(files)} runs")
+        return RecordedView(rows, True, files, case + label, f"{case}best of ≤{n} configs over {len(files)} runs")
     runs = sorted(df["run"].astype(str).unique(), key=natural_key)
     if run is None:
         run = default_run(df, gpu)
@@ -236,7 +240,7 @@ def recorded_view(
         f"one run, {run}: Triton at its default configuration with the {pl!r} planner as recorded, peers as "
         "measured in the same run"
     )
-    return RecordedView(rows, False, (run,), label, f"{run}, Triton default config ({pl})")
+    return RecordedView(rows, False, (run,), case + label, f"{case}{run}, Triton default config ({pl})")
 
 
 def as_view(df: pd.DataFrame | RecordedView, best_of_all: bool = False, run: str | None = None,
