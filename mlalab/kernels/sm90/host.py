@@ -13,6 +13,7 @@ import torch
 
 from ...config import MLA
 from ...quant.precision import Precision
+from ..config import SIDE_BY_SIDE
 from ..prepare import PreparedInputs
 
 __all__ = ["PATHS", "path_of", "SUB_TILE_PAGES", "tokens",
@@ -184,8 +185,8 @@ def rows_per_cta_of(
     when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1.
     `side_by_side` (`KernelConfig.side_by_side`): ``"off"`` always 1, ``"auto"`` 1 below `SIDE_BY_SIDE_FROM_TOKENS` KV
     tokens."""
-    if side_by_side not in ("auto", "on", "off"):
-        raise ValueError(f"side_by_side must be 'auto', 'on' or 'off', got {side_by_side!r}")
+    if side_by_side not in SIDE_BY_SIDE:
+        raise ValueError(f"side_by_side must be one of {', '.join(map(repr, SIDE_BY_SIDE))}, got {side_by_side!r}")
     rows = q_rows.to("cpu", torch.int64)
     if tokens(prepared) or path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
         return 1
