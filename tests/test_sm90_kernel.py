@@ -778,11 +778,16 @@ def test_gpu_rotated_kv_copies_pdl_and_sm_scale(precision: str) -> None:
 @pytest.mark.parametrize("amax", [1.0, 1e6])
 def test_gpu_fp16_partials_whatever_the_kv_scale(precision: str, amax: float) -> None:
     """fp16 partials hold V in fp8 code units, so KV values up to 1e6 (partials far past fp16's 65504 if they carried
-    the scale) still decode, on a batch whose requests split into 2 to 33 partials."""
+    the scale) still decode, on a batch whose requests split into 2 to 33 partials, with peaked attention (unit-std
+    inputs, q x 3). q is divided by KV's factor, so the scores are those at amax 1 (LSEs up to ~16) and only the scale
+    of V grows: with q unscaled the scores reach ~2e4 and a8w8 missed the oracle by 3.5 % rel-L2 (H100, 2026-12-07),
+    the fp8 wgmma accumulation on one-hot attention (scores perturbed by 2^-14 of the products summed give 4.8 % on the
+    CPU), not what this test is about."""
     from mlalab.backends.triton import build_plan
 
-    x0 = make_inputs(DecodeCase(kv_lens=(*ragged_kv_lens(12, 3000, seed=11), 8192, 64), seed=12)).to("cuda")
-    x = dataclasses.replace(x0, kv_buffer=x0.kv_buffer * (amax / float(x0.kv_buffer.abs().max())))
+    x0 = make_inputs(DecodeCase(kv_lens=(*ragged_kv_lens(12, 3000, seed=11), 8192, 64), seed=12, dist="unit"))
+    s = amax / float(x0.kv_buffer.abs().max())
+    x = dataclasses.replace(x0, kv_buffer=x0.kv_buffer * s, q=(x0.q.float() * (3 / s)).to(x0.q.dtype)).to("cuda")
     p = prepare(x, precision)
     plan = build_plan(x, "simple", 132)
     assert int((plan.reduce_indptr.diff() >= 2).sum()) >= 2  # split requests go through the reduce
@@ -790,7 +795,7 @@ def test_gpu_fp16_partials_whatever_the_kv_scale(precision: str, amax: float) ->
     assert dec.part_o.dtype == torch.float16
     out, _ = _poisoned_run(dec)
     assert torch.isfinite(out).all() and float(out.abs().max()) > 0.1 * amax
-    _check(p, plan, lse_rtol=5e-3)  # (at amax 1e6 the scores, and the LSEs, reach ~1e4: fp32 rounding of those)
+    _check(p, plan, peaked=True)
 
 
 @pytest.mark.gpu
