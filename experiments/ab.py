@@ -54,6 +54,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sm90": {"kernel": "sm90"},
     "p-bf16": {"p_fp8": False},  # (a8w4-mxfp4: the bf16 route instead of the e4m3 one; a8w8: the portable kernel)
     "nopdl": {"pdl": False},
+    "rows-on": {"side_by_side": "on"},  # (speculative decode: q rows side by side at every batch)
+    "rows-off": {"side_by_side": "off"},  # (one q row a CTA)
     "pb128": {"plan_block": 128},
     "pb256": {"plan_block": 256},
 }

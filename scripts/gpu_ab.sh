@@ -9,7 +9,7 @@
 # (`git archive main mlalab | tar -x -C .before && mv .before/mlalab .before/mlalab_before`); `git rev-parse HEAD >
 # .head`; then carry .whl, .head and .before.
 # Knobs (env): Q_LENS ("4 2"), CAUSAL_Q_LENS (q_lens also timed under the causal mask, ab_q*_causal.csv; none),
-# SHAPES (6 of the competition's), PRECISION (a8w8), AB_S (seconds a q_len, 110),
+# SHAPES (6 of the competition's), PRECISION (a8w8), AB_S (seconds a q_len, 110), VARIANTS (auto,before:auto),
 # TEST_K (a -k expression over tests/test_sm90_kernel.py; empty: none), END_S (585; 0: stop after the tests).
 T0=$(date +%s); END=${END_S:-585}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -21,7 +21,7 @@ el() { echo $(($(date +%s) - T0)); }
   echo "commit $(cat .head 2>/dev/null || git rev-parse HEAD 2>/dev/null) (.head: the device copy's git may name another)"; } | tee "$OUT/ab.log"
 for q in ${Q_LENS:-4 2}; do
   timeout "${AB_S:-110}" python3 experiments/ab.py --q-len "$q" --precision "${PRECISION:-a8w8}" --before .before \
-    --variants auto,before:auto --shapes "${SHAPES:-4x1024,32x1024,128x1024,4x8192,32x8192,128x8192}" \
+    --variants "${VARIANTS:-auto,before:auto}" --shapes "${SHAPES:-4x1024,32x1024,128x1024,4x8192,32x8192,128x8192}" \
     --out "$OUT/ab_q$q.csv" >> "$OUT/ab.log" 2>&1
   echo "ab q_len $q rc=$? at $(el) s" | tee -a "$OUT/ab.log"
 done

@@ -133,7 +133,7 @@ def test_kernel_tables_cut_each_rows_kv_end_to_its_prefix() -> None:
     from mlalab.kernels.sm90.host import rows_per_cta_of
 
     p = prepare(x, "a8w8")
-    assert rows_per_cta_of(p, x.qo_indptr.diff()) == 4  # side by side under the mask too (the kernel's CAUSAL)
+    assert rows_per_cta_of(p, x.qo_indptr.diff(), side_by_side="on") == 4  # side by side under the mask too (CAUSAL)
 
 
 def test_the_gpu_tests_tiled_oracle_applies_the_mask() -> None:

@@ -109,17 +109,23 @@ def test_rows_per_cta_on_the_fp8_path_four_or_two_as_the_rows_divide() -> None:
         x = make_inputs(DecodeCase(kv_lens=(0, 700, 65), q_len=q_len))
         plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 6)
         wi = token_work_info(plan, x.kv_indptr, x.kv_last_page_len)
-        assert host.rows_per_cta_of(prepare(x, prec), wi[:, 3] - wi[:, 2]) == want, (q_len, prec)
-        assert host.rows_per_cta_of(prepare(x, prec), x.qo_indptr.diff()) == want, (q_len, prec)  # (per request)
+        assert host.rows_per_cta_of(prepare(x, prec), wi[:, 3] - wi[:, 2], side_by_side="on") == want, (q_len, prec)
+        assert host.rows_per_cta_of(prepare(x, prec), x.qo_indptr.diff(), side_by_side="on") == want, (
+            q_len,
+            prec,
+        )  # (per request)
     tok = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2, page_size=1, permute_pages=True))
     assert host.tokens(prepare(tok, "a8w8"))
     twi = token_work_info(make_plan("simple", tok.qo_indptr, tok.kv_indptr, 4), tok.kv_indptr, tok.kv_last_page_len)
-    assert host.rows_per_cta_of(prepare(tok, "a8w8"), twi[:, 3] - twi[:, 2]) == 1
+    assert host.rows_per_cta_of(prepare(tok, "a8w8"), twi[:, 3] - twi[:, 2], side_by_side="on") == 1
     p8 = prepare(make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2)), "a8w8")
-    assert host.rows_per_cta_of(p8, torch.tensor([1, 2])) == 1  # (one odd count: one row a CTA)
-    assert host.rows_per_cta_of(p8, torch.tensor([0, 0])) == 1 and host.rows_per_cta_of(p8, torch.tensor([0, 2])) == 2
-    assert host.rows_per_cta_of(p8, torch.tensor([4, 0, 8])) == 4
-    assert host.rows_per_cta_of(p8, torch.tensor([4, 2])) == 2
+    assert host.rows_per_cta_of(p8, torch.tensor([1, 2]), side_by_side="on") == 1  # (one odd count: one row a CTA)
+    assert (
+        host.rows_per_cta_of(p8, torch.tensor([0, 0]), side_by_side="on") == 1
+        and host.rows_per_cta_of(p8, torch.tensor([0, 2]), side_by_side="on") == 2
+    )
+    assert host.rows_per_cta_of(p8, torch.tensor([4, 0, 8]), side_by_side="on") == 4
+    assert host.rows_per_cta_of(p8, torch.tensor([4, 2]), side_by_side="on") == 2
     x = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=3))
     plan = make_plan("simple", x.qo_indptr, x.kv_indptr, 4)
     with pytest.raises(ValueError, match="multiple of rows_per_cta=2"):
@@ -128,6 +134,38 @@ def test_rows_per_cta_on_the_fp8_path_four_or_two_as_the_rows_divide() -> None:
         host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 4)
     with pytest.raises(ValueError, match="rows_per_cta must be 1, 2 or 4"):
         host.row_passes(plan.work_indptr, token_work_info(plan, x.kv_indptr, x.kv_last_page_len), 3)
+
+
+def _sized(lens: tuple[int, ...], page: int):  # noqa: ANN202
+    """A prepared a8w8 batch whose tables say `lens` KV tokens in pages of `page` (the KV buffer itself is a small
+    stand-in: only the tables are read)."""
+    base = prepare(make_inputs(DecodeCase(kv_lens=(70,) * len(lens), q_len=4, page_size=page)), "a8w8")
+    pages = torch.tensor([-(-n // page) for n in lens])
+    indptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(pages, 0)
+    last = torch.tensor([n - (k - 1) * page if k else 0 for n, k in zip(lens, pages.tolist())], dtype=torch.int32)
+    return dataclasses.replace(base, kv_indptr=indptr, kv_last_page_len=last)
+
+
+def test_side_by_side_auto_from_a_batch_size_off_and_bad_values() -> None:
+    """`KernelConfig.side_by_side`: "auto" puts q rows side by side from `SIDE_BY_SIDE_FROM_TOKENS` KV tokens on (paged
+    batches counted in tokens, not pages), one row a CTA below; "off" never; "on" at any size; other values refused
+    by the config and by `rows_per_cta_of`."""
+    from mlalab.kernels import KernelConfig
+
+    half = host.SIDE_BY_SIDE_FROM_TOKENS // 2
+    q = torch.tensor([4, 4])
+    for lens, page, want in (((half, half), 1, 4), ((half, half - 1), 1, 1), ((half, half), 64, 4),
+                             ((half - 63, half + 62), 64, 1), ((0, 2 * half), 64, 4)):  # fmt: skip
+        p = _sized(lens, page)
+        assert host.batch_kv_tokens(p) == sum(lens)
+        assert host.rows_per_cta_of(p, q) == want, (lens, page)
+        assert host.rows_per_cta_of(p, q, side_by_side="off") == 1
+        assert host.rows_per_cta_of(p, q, side_by_side="on") == 4
+    with pytest.raises(ValueError, match="side_by_side must be"):
+        host.rows_per_cta_of(p, q, side_by_side="yes")
+    with pytest.raises(ValueError, match="KernelConfig.side_by_side must be one of"):
+        KernelConfig(side_by_side=True)
 
 
 def test_row_passes_drop_works_without_q_rows() -> None:
@@ -583,9 +621,9 @@ def test_gpu_speculative_decode_every_planner(q_len: int, planner: str, precisio
                        ((1000,) * 40, "unit")]:  # fmt: skip
         x = make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, seed=5, dist=dist)).to("cuda")
         x = _peaked(x) if dist == "unit" else x
-        for slots in (132 // q_len, 132):
-            _check(prepare(x, precision), build_plan(x, planner, slots), peaked=dist == "unit",
-                   rows=q_len if precision == "a8w8" else 1)  # fmt: skip
+        for slots, side in ((132 // q_len, "on"), (132, "on"), (132 // q_len, "off")):
+            _check(prepare(x, precision), build_plan(x, planner, slots), config=KernelConfig(side_by_side=side),
+                   peaked=dist == "unit", rows=q_len if precision == "a8w8" and side == "on" else 1)  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -610,7 +648,7 @@ def test_gpu_q_rows_side_by_side_paged_with_nan_and_many_works(q_len: int, page:
             kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(torch.uint8).fill_(0x7F)  # NaN codes
     for planner, slots, knobs in (("simple", 132, {"block": 1}), ("balanced", 132, {}), ("balanced", 3, {})):
         plan = build_plan(x, planner, slots, **knobs)
-        _check(p, plan, clean, peaked=True, rows=q_len)
+        _check(p, plan, clean, KernelConfig(side_by_side="on"), peaked=True, rows=q_len)
 
 
 @pytest.mark.gpu
@@ -633,7 +671,8 @@ def test_gpu_q_rows_side_by_side_with_q_counts_that_differ(counts: tuple[int, ..
         x = dataclasses.replace(x, q=x.q[keep].contiguous(), qo_indptr=qo).to("cuda")
         p = prepare(x, "a8w8")
         for planner, slots, knobs in (("simple", 132, {"block": 1}), ("balanced", 5, {})):
-            _check(p, build_plan(x, planner, slots, **knobs), peaked=True, rows=rows)
+            _check(p, build_plan(x, planner, slots, **knobs), config=KernelConfig(side_by_side="on"), peaked=True,
+                   rows=rows)  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -659,7 +698,8 @@ def test_gpu_causal_speculative_decode(q_len: int, planner: str, precision: str)
         p = prepare(x, precision)
         for slots in (132 // q_len, 132):
             plan = build_plan(x, planner, slots)
-            _check(p, plan, peaked=True)
+            for side in ("on", "off"):  # (a8w8: the q rows side by side with the kernel's CAUSAL, or one a CTA)
+                _check(p, plan, config=KernelConfig(side_by_side=side), peaked=True)
         wide, _ = tiled_decode(dataclasses.replace(p, causal=False), plan, p_dtype=PATHS[precision][1])
         ref, _ = tiled_decode(p, plan, p_dtype=PATHS[precision][1])
         live = ref.norm(dim=-1) > 0
@@ -670,21 +710,23 @@ def test_gpu_causal_speculative_decode(q_len: int, planner: str, precision: str)
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("q_len", [1, 2, 4])
 def test_gpu_backend_default_plans_for_mtp_and_pages(q_len: int) -> None:
-    """The triton backend's default plan where the sm_90 kernel runs: one slot an SM for a8w8 at every q_len (a CTA
-    runs all q_len rows of its works), and works of one 64-token tile counted in pages at page size 64 (16 requests
-    of 16 pages make more works than requests)."""
+    """The triton backend's default plan where the sm_90 kernel runs, a8w8: from `SIDE_BY_SIDE_FROM_TOKENS` KV tokens
+    on one slot an SM at every q_len (a CTA runs all q_len rows of its works), below SMs // q_len slots of one q row a
+    CTA; works of one 64-token tile counted in pages at page size 64 (16 requests of 16 or 64 pages make more works
+    than requests)."""
     from mlalab.backends.triton import make_callable
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    x = _peaked(make_inputs(DecodeCase(kv_lens=(1024,) * 16, q_len=q_len, page_size=64, permute_pages=True, seed=2,
-                                       dist="unit")).to("cuda"))  # fmt: skip
-    call, info = make_callable(x, precision="a8w8")
-    plan = info["plan"]
-    assert plan.num_cus == sms and plan.n_work > 16 and info["decoder"].ran == "sm90:v-regs"
-    assert info["decoder"].sm90.rows == q_len
-    out = call(0)
-    ref, _ = tiled_decode(info["prepared"], plan, p_dtype=torch.float8_e4m3fn)
-    assert rel(out, ref) <= 1e-2 and rel(mean_v(info["prepared"]), ref) > 0.1
+    for n, rows, cus in ((host.SIDE_BY_SIDE_FROM_TOKENS // 16, q_len, sms), (1024, 1, sms // q_len)):
+        x = _peaked(make_inputs(DecodeCase(kv_lens=(n,) * 16, q_len=q_len, page_size=64, permute_pages=True, seed=2,
+                                           dist="unit")).to("cuda"))  # fmt: skip
+        call, info = make_callable(x, precision="a8w8")
+        plan = info["plan"]
+        assert plan.num_cus == cus and plan.n_work > 16 and info["decoder"].ran == "sm90:v-regs", (n, plan.num_cus)
+        assert info["decoder"].sm90.rows == rows, (n, info["decoder"].sm90.rows)
+        out = call(0)
+        ref, _ = tiled_decode(info["prepared"], plan, p_dtype=torch.float8_e4m3fn)
+        assert rel(out, ref) <= 1e-2 and rel(mean_v(info["prepared"]), ref) > 0.1
 
 
 @pytest.mark.gpu

@@ -111,7 +111,9 @@ def make_callable(
             # the sm_90 kernel runs a slot's q rows on CTAs side by side, 1, 2 or 4 rows each (`row_passes`), the e4m3
             # route two CTAs an SM on large batches (`ctas_per_sm`): SMs x that // CTAs a slot
             q_rows = int(inputs.qo_indptr.diff().max()) if inputs.batch else 1
-            per = sm90_host.rows_per_cta_of(prep, inputs.qo_indptr.diff(), p_fp8=cfg.p_fp8)  # (as the decoder decides)
+            per = sm90_host.rows_per_cta_of(
+                prep, inputs.qo_indptr.diff(), p_fp8=cfg.p_fp8, side_by_side=cfg.side_by_side
+            )  # (as the decoder decides)
             ctas = max(1, q_rows // per)
             kv_tokens = int(inputs.kv_lens.sum()) if inputs.batch else 0
             sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["KernelConfig", "KERNELS"]
+__all__ = ["KernelConfig", "KERNELS", "SIDE_BY_SIDE"]
 
 #: `KernelConfig.kernel`: ``"sm90"`` the Hopper kernel (`mlalab.kernels.sm90`), ``"portable"`` the Triton kernel of
 #: `mlalab.kernels.portable` (any GPU, every layout, Triton's CPU interpreter), ``"auto"`` sm90 where it applies.
 KERNELS = ("auto", "sm90", "portable")
+#: `KernelConfig.side_by_side`: where the sm_90 kernel runs a work's q rows side by side (`sm90.host.rows_per_cta_of`)
+SIDE_BY_SIDE = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -29,15 +31,23 @@ class KernelConfig:
             fp16 (a8w8: the portable kernel only, the sm_90 value product runs on fp8 operands) or bf16 (a8w4: on
             sm_90 a8w4-mxfp4 then takes the bf16 route instead of the e4m3 one). The sm_90 kernel rounds P to bf16
             for a8w4-nvfp4 whatever this says (its E2M1 × E4M3 values do not fit e4m3).
+        side_by_side: speculative decode on the sm_90 fp8 path: ``"on"`` runs a work's 2 or 4 q rows side by side on
+            two warpgroups (one tile read and multiplied once for all of them), ``"off"`` one q row a CTA (a slot's
+            CTAs stream the same tiles), ``"auto"`` (default) side by side once the batch holds
+            `sm90.host.SIDE_BY_SIDE_FROM_TOKENS` KV tokens (measured: one row a CTA is faster on small batches).
     """
 
     kernel: str = "auto"
     pdl: bool = True
     p_fp8: bool = True
+    side_by_side: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"KernelConfig.kernel must be one of {', '.join(map(repr, KERNELS))}, got {self.kernel!r}")
+        if self.side_by_side not in SIDE_BY_SIDE:
+            raise ValueError(f"KernelConfig.side_by_side must be one of {', '.join(map(repr, SIDE_BY_SIDE))}, "
+                             f"got {self.side_by_side!r}")  # fmt: skip
         for f in ("pdl", "p_fp8"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"KernelConfig.{f} must be True or False, got {getattr(self, f)!r}")

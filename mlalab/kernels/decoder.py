@@ -147,7 +147,9 @@ class Decoder:
         self.rows_per_cta = 1
         if self.kernel == "sm90":
             q_rows = work_info[:, 3] - work_info[:, 2]
-            self.rows_per_cta = sm90_host.rows_per_cta_of(prepared, q_rows, p_fp8=config.p_fp8)
+            self.rows_per_cta = sm90_host.rows_per_cta_of(
+                prepared, q_rows, p_fp8=config.p_fp8, side_by_side=config.side_by_side
+            )
         if self.kernel == "sm90" or prepared.causal:
             cta_indptr, work_info = sm90_host.row_passes(plan.work_indptr, work_info, self.rows_per_cta)
             if prepared.causal:

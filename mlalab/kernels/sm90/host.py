@@ -13,11 +13,13 @@ import torch
 
 from ...config import MLA
 from ...quant.precision import Precision
+from ..config import SIDE_BY_SIDE
 from ..prepare import PreparedInputs
 
 __all__ = ["PATHS", "path_of", "SUB_TILE_PAGES", "tokens",
            "RING", "FIRST_BURST",
-           "INFO_COLS", "unsupported", "import_error", "row_passes", "rows_per_cta_of", "kv_box", "tile_stream",
+           "INFO_COLS", "unsupported", "import_error", "row_passes", "rows_per_cta_of", "SIDE_BY_SIDE_FROM_TOKENS",
+           "batch_kv_tokens", "kv_box", "tile_stream",
            "cta_info",
            "first_burst", "Sm90Stage1"]  # fmt: skip
 
@@ -162,12 +164,33 @@ def ctas_per_sm(prepared: PreparedInputs, kv_tokens: int, p_fp8: bool = True) ->
     return 2 if two else 1
 
 
-def rows_per_cta_of(prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True) -> int:
+#: KV tokens in a batch from which `KernelConfig.side_by_side="auto"` puts q rows side by side (`rows_per_cta_of`):
+#: H100, a8w8, q_len 2 and 4 (data/ab/h100_2026-12-07_mtp_2wg_q*.csv): one row a CTA faster at every batch of 32K
+#: tokens or fewer (by 2-17 %), side by side at every one of 128K or more
+SIDE_BY_SIDE_FROM_TOKENS = 1 << 16
+
+
+def batch_kv_tokens(prepared: PreparedInputs) -> int:
+    """The KV tokens of all requests of `prepared` (pages times page size, the last page's length counted)."""
+    pages = prepared.kv_indptr.to("cpu", torch.int64).diff()
+    last = prepared.kv_last_page_len.to("cpu", torch.int64)
+    return int(torch.where(pages > 0, (pages - 1) * prepared.page_size + last, 0).sum())
+
+
+def rows_per_cta_of(
+    prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True, side_by_side: str = "auto"
+) -> int:
     """q rows a CTA of the sm_90 kernel runs per work: on the fp8 path (``v-regs``) without a token table, 4 when every
     count in `q_rows` (the q rows of each work, or of each request before a plan exists) is a multiple of 4, else 2
-    when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1."""
+    when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1.
+    `side_by_side` (`KernelConfig.side_by_side`): ``"off"`` always 1, ``"auto"`` 1 below `SIDE_BY_SIDE_FROM_TOKENS` KV
+    tokens."""
+    if side_by_side not in SIDE_BY_SIDE:
+        raise ValueError(f"side_by_side must be one of {', '.join(map(repr, SIDE_BY_SIDE))}, got {side_by_side!r}")
     rows = q_rows.to("cpu", torch.int64)
     if tokens(prepared) or path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
+        return 1
+    if side_by_side == "off" or (side_by_side == "auto" and batch_kv_tokens(prepared) < SIDE_BY_SIDE_FROM_TOKENS):
         return 1
     return next(r for r in (4, 2, 1) if bool((rows % r == 0).all()))
 
