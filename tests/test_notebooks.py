@@ -22,6 +22,7 @@ EXPECTED_TEXT = {
         "e4m3fn direct cast of q at std 100 gives NaN outputs: False",
         "loaded cpu_2026-12-04_sweep_B4_L1024_L8192.csv: 792 rows",
         "seeds [0, 1, 2]",
+        "loaded h100_2026-12-07_study_12shapes_256x1024_4dists_3seeds.parquet: 30888 rows (0 failed)",
     ],
     "05_precision_frontier.ipynb": [
         "every precision measured in h100_2026-12-05_run19.csv on NVIDIA H100 80GB HBM3: True",
