@@ -126,9 +126,11 @@ def test_prepare_refuses_a_page_table_the_buffer_cannot_serve() -> None:
 
 
 def test_kernel_config_is_the_live_knobs_only() -> None:
-    assert KernelConfig.knobs() == ("kernel", "pdl", "p_fp8")
+    assert KernelConfig.knobs() == ("kernel", "pdl", "p_fp8", "side_by_side")
     with pytest.raises(ValueError, match="KernelConfig.kernel must be one of 'auto', 'sm90', 'portable'"):
         KernelConfig(kernel="hopper")
+    with pytest.raises(ValueError, match="KernelConfig.side_by_side must be one of 'auto', 'on', 'off'"):
+        KernelConfig(side_by_side="yes")
     with pytest.raises(TypeError, match="KernelConfig.pdl must be True or False"):
         KernelConfig(pdl=1)  # type: ignore[arg-type]
 
