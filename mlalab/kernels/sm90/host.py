@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...config import MLA
+from ...inputs import kv_lens_from_layout
 from ...quant.precision import Precision
 from ..config import SIDE_BY_SIDE
 from ..prepare import PreparedInputs
@@ -166,15 +167,14 @@ def ctas_per_sm(prepared: PreparedInputs, kv_tokens: int, p_fp8: bool = True) ->
 
 #: KV tokens in a batch from which `KernelConfig.side_by_side="auto"` puts q rows side by side (`rows_per_cta_of`):
 #: H100, a8w8, q_len 2 and 4 (data/ab/h100_2026-12-07_mtp_2wg_q*.csv): one row a CTA faster at every batch of 32K
-#: tokens or fewer (by 2-17 %), side by side at every one of 128K or more
+#: tokens or fewer (by 2-17 %), side by side at every one of 128K or more; the rule within 1 % of the faster at each
+#: (data/ab/h100_2026-12-07_mtp_hybrid_q*.csv)
 SIDE_BY_SIDE_FROM_TOKENS = 1 << 16
 
 
 def batch_kv_tokens(prepared: PreparedInputs) -> int:
-    """The KV tokens of all requests of `prepared` (pages times page size, the last page's length counted)."""
-    pages = prepared.kv_indptr.to("cpu", torch.int64).diff()
-    last = prepared.kv_last_page_len.to("cpu", torch.int64)
-    return int(torch.where(pages > 0, (pages - 1) * prepared.page_size + last, 0).sum())
+    """The KV tokens of all requests of `prepared` (`mlalab.inputs.kv_lens_from_layout`, summed)."""
+    return int(kv_lens_from_layout(prepared.kv_indptr, prepared.kv_last_page_len, prepared.page_size).sum())
 
 
 def rows_per_cta_of(
