@@ -30,6 +30,7 @@ sees all but the q_len - 1 - i newest tokens; FlashMLA's ``causal``); the table 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import sys
@@ -45,7 +46,8 @@ from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.io import write_rows_csv
 from mlalab.kernels import Decoder, KernelConfig, naive_decode, prepare
 from mlalab.quant.precision import PRECISIONS
-from mlalab.timing import call_bytes, copy_bandwidth, kv_cache_bytes, provenance, rotation_copies, time_callable
+from mlalab.timing import LAYOUTS, call_bytes, case_inputs, copy_bandwidth, kv_cache_bytes, provenance
+from mlalab.timing import rotation_copies, time_callable
 
 #: name -> the options of `mlalab.backends.triton.make_callable` it sets (plan options and `KernelConfig` knobs)
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -60,6 +62,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "pb256": {"plan_block": 256},
 }
 
+#: name -> constants of `mlalab.kernels.sm90.host` it sets while its decoder is built (kernel choices under A/B: each
+#: compares this tree's rule with another value of it in one process)
+HOST_VARIANTS: dict[str, dict[str, Any]] = {
+    "tau0": {"RESCALE_TAU": 0.0},  # the running max moves wherever a tile's max passes it
+    "ring3": {"TOKEN_RING": 3},  # a token table's ring as deep as the contiguous one's
+}
+
 #: the options of `VARIANTS` as the code before the redesign named them (for ``before:`` variants)
 _BEFORE_NAMES = {"kernel": {"sm90": "hopper"}}
 
@@ -71,9 +80,28 @@ def variant(name: str) -> tuple[bool, int | None, dict[str, Any]]:
     if before not in ("", "before"):
         raise SystemExit(f"unknown prefix {before!r} in {name!r}: only 'before:'")
     base, _, slots = rest.partition("@")
-    if base not in VARIANTS:
-        raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots, before:)")
-    return before == "before", (int(slots) if slots else None), dict(VARIANTS[base])
+    if base in HOST_VARIANTS and before:
+        raise SystemExit(f"{name!r}: {base} sets constants of this tree's kernel host, not another commit's")
+    if base not in VARIANTS and base not in HOST_VARIANTS:
+        raise SystemExit(f"unknown variant {base!r}; valid: {', '.join([*VARIANTS, *HOST_VARIANTS])} (each "
+                         f"optionally @slots, before:)")  # fmt: skip
+    return before == "before", (int(slots) if slots else None), dict(VARIANTS.get(base, {}))
+
+
+@contextlib.contextmanager
+def _host_constants(name: str) -> Any:
+    """`HOST_VARIANTS`' constants of variant `name` set on `mlalab.kernels.sm90.host` inside the block."""
+    from mlalab.kernels.sm90 import host
+
+    sets = HOST_VARIANTS.get(name.rpartition(":")[2].partition("@")[0], {})
+    old = {k: getattr(host, k) for k in sets}
+    try:
+        for k, v in sets.items():
+            setattr(host, k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(host, k, v)
 
 
 def _before_module(name: str) -> Any:
@@ -85,19 +113,23 @@ def _before_module(name: str) -> Any:
         ) from None
 
 
-def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, causal: bool = False) -> Any:
-    """``call(i)`` of variant `name` at B x L x q_len (its own inputs: the same seeded generator in either code)."""
+def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, causal: bool = False,
+              layout: str = "contiguous") -> Any:  # fmt: skip
+    """``call(i)`` of variant `name` at B x L x q_len with the KV in `layout` (its own inputs: the same seeded
+    generator in either code)."""
     before, slots, opts = variant(name)
     if not before:
-        x = make_inputs(DecodeCase.uniform(B, L, q_len=q_len, causal=causal)).to("cuda")
-        return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
-    old_inputs, old_config, old_triton = (_before_module(m) for m in ("inputs", "config", "backends.triton"))
-    x = old_inputs.make_inputs(old_config.DecodeCase.uniform(B, L, q_len=q_len)).to("cuda")
+        x = case_inputs(B, L, q_len, layout, causal).to("cuda")
+        with _host_constants(name):
+            return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
+    old_timing, old_triton = (_before_module(m) for m in ("timing", "backends.triton"))
+    x = old_timing.case_inputs(B, L, q_len, layout).to("cuda")
     old = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
     return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **old)[0]
 
 
-def check(name: str, sms: int, precision: str, q_len: int = 1, causal: bool = False) -> bool:
+def check(name: str, sms: int, precision: str, q_len: int = 1, causal: bool = False,
+          layout: str = "contiguous") -> bool:  # fmt: skip
     before, slots, opts = variant(name)
     slots = slots or sms
     if before:  # (the old code is checked by its own tests at its commit; here it is only timed)
@@ -108,14 +140,17 @@ def check(name: str, sms: int, precision: str, q_len: int = 1, causal: bool = Fa
              (8192,) * 4, (100,) * 150]  # fmt: skip
     for lens in cases:
         lens = [max(n, q_len) if n and causal else n for n in lens]  # causal: a request holds >= q_len tokens
-        x = make_inputs(DecodeCase(kv_lens=tuple(lens), q_len=q_len, seed=4, causal=causal)).to("cuda")
+        page_size, permute, pool = LAYOUTS[layout]
+        x = make_inputs(DecodeCase(kv_lens=tuple(lens), q_len=q_len, seed=4, causal=causal, page_size=page_size,
+                                   permute_pages=permute, pool_factor=pool)).to("cuda")  # fmt: skip
         p = prepare(x, precision)
         ref, ref_lse = naive_decode(p)
         live = ref.norm(dim=-1) > 0
         for planner in ("simple", "balanced"):
             knobs = {"block": block} if planner == "simple" and block else {}
             try:
-                dec = Decoder(p, build_plan(x, planner, slots, **knobs), config=KernelConfig(**opts))
+                with _host_constants(name):
+                    dec = Decoder(p, build_plan(x, planner, slots, **knobs), config=KernelConfig(**opts))
                 for rep in range(2):  # twice: a second call on the same decoder must give the same result
                     for t in (dec.out, dec.lse, dec.part_o):
                         t.fill_(float("nan"))
@@ -146,6 +181,8 @@ def main() -> None:
     ap.add_argument("--before", default=None, help="a folder holding another commit's package as mlalab_before")
     ap.add_argument("--q-len", type=int, default=1, help="query rows a request (speculative decode; default 1)")
     ap.add_argument("--causal", action="store_true", help="speculative verification's causal mask (with --q-len)")
+    ap.add_argument("--layout", default="contiguous", choices=list(LAYOUTS),
+                    help="our variants' KV layout (the peers read a contiguous cache)")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -163,7 +200,7 @@ def main() -> None:
         raise SystemExit("ab.py needs a CUDA GPU (it times the kernels)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.time()
-    good = {n: a.no_check or check(n, sms, a.precision, a.q_len, a.causal) for n in names}
+    good = {n: a.no_check or check(n, sms, a.precision, a.q_len, a.causal, a.layout) for n in names}
     print(f"checks done in {time.time() - t0:.0f} s", flush=True)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
@@ -171,7 +208,7 @@ def main() -> None:
     peers = [p for p in a.peers.split(",") if p and p != "none"]
     for B, L in shapes:
         n = rotation_copies(kv_cache_bytes(B, L, a.precision))
-        line: dict[str, Any] = {"B": B, "L": L, "q_len": a.q_len, "causal": a.causal}
+        line: dict[str, Any] = {"B": B, "L": L, "q_len": a.q_len, "causal": a.causal, "layout": a.layout}
         for peer in peers:
             try:
                 x = make_inputs(DecodeCase.uniform(B, L, q_len=a.q_len, causal=a.causal)).to("cuda")
@@ -182,7 +219,7 @@ def main() -> None:
                 line[peer] = float("nan")
         for name in names:
             try:
-                call = _callable(name, B, L, a.q_len, a.precision, n, a.causal)
+                call = _callable(name, B, L, a.q_len, a.precision, n, a.causal, a.layout)
                 call(0)
                 line[name] = time_callable(call, n)["us_median"]
             except Exception as e:  # noqa: BLE001
@@ -203,7 +240,8 @@ def main() -> None:
     print("checks: " + ", ".join(f"{n}={'PASS' if good[n] else 'FAIL'}" for n in names))
     if a.out and rows:
         prov = provenance()  # device, versions, date in every row
-        keys = ("B", "L", *(("q_len",) if a.q_len > 1 else ()), *(("causal",) if a.causal else ()), *cols, "floor")
+        keys = ("B", "L", *(("q_len",) if a.q_len > 1 else ()), *(("causal",) if a.causal else ()),
+                *(("layout",) if a.layout != "contiguous" else ()), *cols, "floor")  # fmt: skip
         write_rows_csv(a.out, [{**{k: r.get(k) for k in keys}, "precision": a.precision, **prov} for r in rows])
 
 

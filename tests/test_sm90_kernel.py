@@ -706,6 +706,39 @@ def test_gpu_causal_speculative_decode(q_len: int, planner: str, precision: str)
         assert rel(wide[live], ref[live]) > 0.05, "the non-causal answer passes the check"
 
 
+def _max_jumps(x, every: int = 1000):  # noqa: ANN001, ANN202
+    """`x` (page size 1, identity table) with every `every`-th token of each request turned towards all its q rows
+    (the sum of its heads' q, normalised) and scaled so that its median head's score is 12 + 8 j nats for the j-th
+    such token: most columns' max moves there by far more than `host.RESCALE_TAU` binades, mid-work, so every work
+    spanning one must rescale its output (and some columns' max moves less, or not at all)."""
+    kv = x.kv_buffer.float().clone()
+    qo, kvp = x.qo_indptr.long(), x.kv_indptr.long()
+    for b in range(x.batch):
+        q = x.q[qo[b] : qo[b + 1]].float().reshape(-1, 576)
+        u = q.sum(0) / q.sum(0).norm()
+        unit_score = float((q @ u).median()) * 576**-0.5  # the median head's score of u (nats)
+        for j, t in enumerate(range(every // 2, int(kvp[b + 1] - kvp[b]), every)):
+            kv[x.kv_indices[kvp[b] + t].long(), 0, 0] = (12 + 8 * j) / unit_score * u
+    return dataclasses.replace(x, kv_buffer=kv.to(x.kv_buffer.dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize(("precision", "q_len"), [(p, 1) for p in PATHS] + [("a8w8", 2), ("a8w8", 4)])
+def test_gpu_output_rescaled_where_the_max_jumps_mid_work(precision: str, q_len: int) -> None:
+    """Scores that jump by 8+ nats every 1000 tokens (`_max_jumps`), on plans whose works span many tiles (a few
+    slots) and the default one: Oᵀ must be rescaled on exactly the tiles where a column's max moves (the kernel skips
+    the rescale elsewhere, `host.RESCALE_TAU`); the answer is the jump tokens' values, far from the mean of V."""
+    from mlalab.backends.triton import build_plan
+
+    x = _peaked(make_inputs(DecodeCase(kv_lens=(4096, 3000, 1, 8192, 700), q_len=q_len, seed=3, dist="unit")))
+    x = _max_jumps(x).to("cuda")
+    p = prepare(x, precision)
+    for planner, slots in (("simple", 3), ("balanced", 8), ("simple", 132)):
+        _check(p, build_plan(x, planner, slots), peaked=True, lse_rtol=2e-3, config=KernelConfig(side_by_side="on"),
+               rows=q_len if precision == "a8w8" else 1)  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("q_len", [1, 2, 4])
