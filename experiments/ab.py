@@ -25,12 +25,14 @@ the process, the GPU and the inputs (the same seeded generator).
 ``--q-len`` (default 1) times speculative decode: q_len query rows a request, every one seeing the whole KV (FlashMLA
 with s_q = q_len); the table then has a ``q_len`` column. ``--causal`` masks as speculative verification does (q row i
 sees all but the q_len - 1 - i newest tokens; FlashMLA's ``causal``); the table then has a ``causal`` column.
+``--layout`` (default contiguous) gives our variants, and the check's batches, the KV in another layout of
+`mlalab.timing.LAYOUTS` (paged64, paged16, tokens: the same logical KV); the peers keep a contiguous cache. The
+table then has a ``layout`` column.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import math
 import sys
@@ -46,8 +48,16 @@ from mlalab.inputs import make_inputs, ragged_kv_lens
 from mlalab.io import write_rows_csv
 from mlalab.kernels import Decoder, KernelConfig, naive_decode, prepare
 from mlalab.quant.precision import PRECISIONS
-from mlalab.timing import LAYOUTS, call_bytes, case_inputs, copy_bandwidth, kv_cache_bytes, provenance
-from mlalab.timing import rotation_copies, time_callable
+from mlalab.timing import (
+    LAYOUTS,
+    call_bytes,
+    case_inputs,
+    copy_bandwidth,
+    kv_cache_bytes,
+    provenance,
+    rotation_copies,
+    time_callable,
+)
 
 #: name -> the options of `mlalab.backends.triton.make_callable` it sets (plan options and `KernelConfig` knobs)
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -62,13 +72,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "pb256": {"plan_block": 256},
 }
 
-#: name -> constants of `mlalab.kernels.sm90.host` it sets while its decoder is built (kernel choices under A/B: each
-#: compares this tree's rule with another value of it in one process)
-HOST_VARIANTS: dict[str, dict[str, Any]] = {
-    "tau0": {"RESCALE_TAU": 0.0},  # the running max moves wherever a tile's max passes it
-    "ring3": {"TOKEN_RING": 3},  # a token table's ring as deep as the contiguous one's
-}
-
 #: the options of `VARIANTS` as the code before the redesign named them (for ``before:`` variants)
 _BEFORE_NAMES = {"kernel": {"sm90": "hopper"}}
 
@@ -80,28 +83,9 @@ def variant(name: str) -> tuple[bool, int | None, dict[str, Any]]:
     if before not in ("", "before"):
         raise SystemExit(f"unknown prefix {before!r} in {name!r}: only 'before:'")
     base, _, slots = rest.partition("@")
-    if base in HOST_VARIANTS and before:
-        raise SystemExit(f"{name!r}: {base} sets constants of this tree's kernel host, not another commit's")
-    if base not in VARIANTS and base not in HOST_VARIANTS:
-        raise SystemExit(f"unknown variant {base!r}; valid: {', '.join([*VARIANTS, *HOST_VARIANTS])} (each "
-                         f"optionally @slots, before:)")  # fmt: skip
-    return before == "before", (int(slots) if slots else None), dict(VARIANTS.get(base, {}))
-
-
-@contextlib.contextmanager
-def _host_constants(name: str) -> Any:
-    """`HOST_VARIANTS`' constants of variant `name` set on `mlalab.kernels.sm90.host` inside the block."""
-    from mlalab.kernels.sm90 import host
-
-    sets = HOST_VARIANTS.get(name.rpartition(":")[2].partition("@")[0], {})
-    old = {k: getattr(host, k) for k in sets}
-    try:
-        for k, v in sets.items():
-            setattr(host, k, v)
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(host, k, v)
+    if base not in VARIANTS:
+        raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots, before:)")
+    return before == "before", (int(slots) if slots else None), dict(VARIANTS[base])
 
 
 def _before_module(name: str) -> Any:
@@ -120,8 +104,7 @@ def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, cau
     before, slots, opts = variant(name)
     if not before:
         x = case_inputs(B, L, q_len, layout, causal).to("cuda")
-        with _host_constants(name):
-            return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
+        return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
     old_timing, old_triton = (_before_module(m) for m in ("timing", "backends.triton"))
     x = old_timing.case_inputs(B, L, q_len, layout).to("cuda")
     old = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
@@ -149,8 +132,7 @@ def check(name: str, sms: int, precision: str, q_len: int = 1, causal: bool = Fa
         for planner in ("simple", "balanced"):
             knobs = {"block": block} if planner == "simple" and block else {}
             try:
-                with _host_constants(name):
-                    dec = Decoder(p, build_plan(x, planner, slots, **knobs), config=KernelConfig(**opts))
+                dec = Decoder(p, build_plan(x, planner, slots, **knobs), config=KernelConfig(**opts))
                 for rep in range(2):  # twice: a second call on the same decoder must give the same result
                     for t in (dec.out, dec.lse, dec.part_o):
                         t.fill_(float("nan"))
@@ -181,8 +163,9 @@ def main() -> None:
     ap.add_argument("--before", default=None, help="a folder holding another commit's package as mlalab_before")
     ap.add_argument("--q-len", type=int, default=1, help="query rows a request (speculative decode; default 1)")
     ap.add_argument("--causal", action="store_true", help="speculative verification's causal mask (with --q-len)")
-    ap.add_argument("--layout", default="contiguous", choices=list(LAYOUTS),
-                    help="our variants' KV layout (the peers read a contiguous cache)")
+    ap.add_argument(
+        "--layout", default="contiguous", choices=list(LAYOUTS), help="our variants' KV layout (peers: contiguous)"
+    )
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()

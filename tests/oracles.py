@@ -10,7 +10,6 @@ import torch
 from mlalab.config import DecodeCase
 from mlalab.inputs import DecodeInputs, make_inputs
 from mlalab.kernels import PreparedInputs, token_work_info
-from mlalab.kernels.sm90.host import RESCALE_TAU
 from mlalab.plan import WorkPlan
 
 
@@ -96,14 +95,12 @@ def e4m3_route_values(p: PreparedInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | None, block: int = 64,
-                 sm_scale: float = 576**-0.5, e4m3_route: bool = False,
-                 rescale_tau: float = RESCALE_TAU) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                 sm_scale: float = 576**-0.5,
+                 e4m3_route: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The decode of `plan` as a tiled kernel computes it, in float64 but for one rounding: each work streams its
-    tokens in `block`-token tiles from its start with a running max (base 2) that moves only where a tile's max passes
-    it by more than `rescale_tau` binades (the sm_90 kernel's `host.RESCALE_TAU`; 0: wherever it passes it); P = 2^(s
-    - m) rounded to `p_dtype` (None: not rounded) feeds the value product, the unrounded P the softmax sum; split
-    works merge by their LSEs. This is the specification of the production numerics (fp8 P for a8w8, bf16 P for the
-    16-bit paths).
+    tokens in `block`-token tiles from its start with a running max (base 2); P = 2^(s - m) rounded to `p_dtype`
+    (None: not rounded) feeds the value product, the unrounded P the softmax sum; split works merge by their LSEs.
+    This is the specification of the production numerics (fp8 P for a8w8, bf16 P for the 16-bit paths).
 
     Under `p.causal` q row i of a request's q rows streams only the tokens of its prefix (all but the q - 1 - i
     newest), so a work past that prefix gives the row an empty partial.
@@ -143,8 +140,7 @@ def tiled_decode(p: PreparedInputs, plan: WorkPlan, *, p_dtype: torch.dtype | No
                 k = kv[kr[t0 : t0 + block]]
                 f = f_tok[kr[t0 : t0 + block]]  # (0 but on the e4m3 route)
                 s = (q[i] @ k.T) * sm_scale * log2e + f[None, :]  # (16, tokens), base 2
-                t_max = s.max(1).values
-                m_new = torch.where(t_max > m + rescale_tau, t_max, m)
+                m_new = torch.maximum(m, s.max(1).values)
                 alpha = torch.exp2(m - m_new)
                 pr = torch.exp2(s - m_new[:, None])
                 pv = pr if p_dtype is None else pr.to(p_dtype).double()

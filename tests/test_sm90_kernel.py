@@ -709,8 +709,8 @@ def test_gpu_causal_speculative_decode(q_len: int, planner: str, precision: str)
 def _max_jumps(x, every: int = 1000):  # noqa: ANN001, ANN202
     """`x` (page size 1, identity table) with every `every`-th token of each request turned towards all its q rows
     (the sum of its heads' q, normalised) and scaled so that its median head's score is 12 + 8 j nats for the j-th
-    such token: most columns' max moves there by far more than `host.RESCALE_TAU` binades, mid-work, so every work
-    spanning one must rescale its output (and some columns' max moves less, or not at all)."""
+    such token: most columns' max moves there by 8 nats or more, mid-work, so every work spanning one must rescale its
+    output by a factor far from 1 (and some columns' max moves less, or not at all)."""
     kv = x.kv_buffer.float().clone()
     qo, kvp = x.qo_indptr.long(), x.kv_indptr.long()
     for b in range(x.batch):
@@ -727,8 +727,8 @@ def _max_jumps(x, every: int = 1000):  # noqa: ANN001, ANN202
 @pytest.mark.parametrize(("precision", "q_len"), [(p, 1) for p in PATHS] + [("a8w8", 2), ("a8w8", 4)])
 def test_gpu_output_rescaled_where_the_max_jumps_mid_work(precision: str, q_len: int) -> None:
     """Scores that jump by 8+ nats every 1000 tokens (`_max_jumps`), on plans whose works span many tiles (a few
-    slots) and the default one: Oᵀ must be rescaled on exactly the tiles where a column's max moves (the kernel skips
-    the rescale elsewhere, `host.RESCALE_TAU`); the answer is the jump tokens' values, far from the mean of V."""
+    slots) and the default one: the online softmax must rescale Oᵀ and the running sum by 2^-11 or less there; the
+    answer is the jump tokens' values, far from the mean of V."""
     from mlalab.backends.triton import build_plan
 
     x = _peaked(make_inputs(DecodeCase(kv_lens=(4096, 3000, 1, 8192, 700), q_len=q_len, seed=3, dist="unit")))

@@ -148,11 +148,11 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     from triton.runtime.driver import driver
 
     from . import stage1 as S
-    from .host import INFO_COLS, RESCALE_TAU, RING, SUB_TILE_PAGES, ring_of
+    from .host import INFO_COLS, RING, SUB_TILE_PAGES
 
     if path not in RING:
         raise ValueError(f"path must be one of {', '.join(map(repr, RING))}, got {path!r}")
-    stages = ring_of(path, page == 1)
+    stages = RING[path]
     if first_burst is not None and (type(first_burst) is not int or not 1 <= first_burst <= stages):
         raise ValueError(f"first_burst must be None (the whole ring) or 1 to {stages} on {path}, got {first_burst!r}")
     if ablate not in (0, 1, 2) or isinstance(ablate, bool) or (ablate and path != "v-regs"):
@@ -196,7 +196,7 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
             torch.zeros(1, S.TIMELINE_COLS.value, dtype=torch.int64), H=16, NQ=16 * rows, D_NOPE=512, D_ROPE=64,
             BLOCK_N=S.BLOCK_N, NUM_STAGES=stages, MASK_TAIL=mask_tail,
             LAUNCH_DEPENDENTS=True, FIRST_BURST=first_burst or stages, KV_FP4=kv_fp4,
-            FP4_E4M3=path == "v-fp4-e4m3", TOKENS=page == 1, RESCALE_TAU=RESCALE_TAU, CAUSAL=causal, TIMELINE=timeline,
+            FP4_E4M3=path == "v-fp4-e4m3", TOKENS=page == 1, CAUSAL=causal, TIMELINE=timeline,
             ABLATE=ablate, REPORT=True, num_warps=4 if rows == 1 else 8, grid=(1,),
         )  # fmt: skip
     conflicts = tuple(int(v) for v in re.findall(r"bank conflicts = (\d+)", printed.getvalue()))

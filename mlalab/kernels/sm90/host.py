@@ -18,7 +18,7 @@ from ..config import SIDE_BY_SIDE
 from ..prepare import PreparedInputs
 
 __all__ = ["PATHS", "path_of", "SUB_TILE_PAGES", "tokens",
-           "RING", "TOKEN_RING", "FIRST_BURST", "RESCALE_TAU", "ring_of",
+           "RING", "FIRST_BURST",
            "INFO_COLS", "unsupported", "import_error", "row_passes", "rows_per_cta_of", "SIDE_BY_SIDE_FROM_TOKENS",
            "batch_kv_tokens", "kv_box", "tile_stream",
            "cta_info",
@@ -35,31 +35,16 @@ SUB_TILE_PAGES = (16, 32)
 #: beside q and P in the 227 KB of shared memory); 2 fp8 tiles beside the converted bf16 tile; 3 tiles of fp4 codes
 #: (18 KB each) beside it.
 RING = {"v-regs": 3, "v-tile": 2, "v-conv": 2, "v-fp4": 3, "v-fp4-e4m3": 3}
-#: The fp8 path's ring on a token table (`tokens`: every row a cp.async of its own, from random slots of a pool): one
-#: tile deeper, 4 x 36 KB.
-TOKEN_RING = 4
 
 #: The ring tiles a CTA issues at its start when it streams more tiles than that and its ring is deeper; the rest
 #: follow once its first tile has arrived (`first_burst`).
 FIRST_BURST = 2
-
-#: Binades by which a column's tile max must pass its running max before the online softmax moves it (the kernel's
-#: ``RESCALE_TAU``): P stays <= 2^8 = 256, inside e4m3's 448, and Oᵀ is rescaled only on tiles where a max moved
-#: (a work's first, rarely another), not on every tile. `tests/oracles.tiled_decode` models the same rule.
-RESCALE_TAU = 8.0
 
 #: Columns of `cta_info`'s table (the kernel's ``INFO_COLS``): 5 + the rows of the deepest ring's first tiles.
 INFO_COLS = 5 + max(RING.values())
 
 #: Tokens per tile (the kernel's ``BLOCK_N``).
 BLOCK_N = 64
-
-
-def ring_of(path: str, token_table: bool) -> int:
-    """Ring tiles of stage 1 on `path` (`RING`), `TOKEN_RING` for the fp8 path on a token table."""
-    if path not in RING:
-        raise ValueError(f"path must be one of {', '.join(map(repr, RING))}, got {path!r}")
-    return TOKEN_RING if token_table and path == "v-regs" else RING[path]
 
 
 def path_of(prepared: PreparedInputs, *, p_fp8: bool = True) -> str:
@@ -302,7 +287,7 @@ class Sm90Stage1:
 
         self.K = stage1
         self.path = path_of(prepared, p_fp8=p_fp8)
-        self.stages = ring_of(self.path, tokens(prepared))
+        self.stages = RING[self.path]
         t_indptr, t_rows = tile_stream(prepared, work_indptr, work_info)
         self.kv_box = kv_box(prepared)
         self.tiles_per_cta = t_indptr.diff()
@@ -323,7 +308,7 @@ class Sm90Stage1:
             NUM_STAGES=self.stages, MASK_TAIL=not (prepared.contiguous and prepared.page_size == 1),
             LAUNCH_DEPENDENTS=launch_dependents, FIRST_BURST=first_burst(most, self.stages), REPORT=False,
             KV_FP4={"mxfp4": 1, "nvfp4": 2}.get(prepared.spec.kv_format, 0), FP4_E4M3=self.path == "v-fp4-e4m3",
-            TOKENS=tokens(prepared), RESCALE_TAU=RESCALE_TAU, CAUSAL=prepared.causal and rows_per_cta > 1,
+            TOKENS=tokens(prepared), CAUSAL=prepared.causal and rows_per_cta > 1,
             num_warps=4 if rows_per_cta == 1 else 8,
         )  # fmt: skip
         #: fp4 KV: the block scales as bytes (what the kernel reads, `fp4tiles._load_tile_scales`), else a stand-in

@@ -178,8 +178,6 @@ def _issue_deferred(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, row2, n_til
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES, ROWS, KV, TOKENS)
     if FIRST_BURST <= 2 and NUM_STAGES > 2:
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES, ROWS, KV, TOKENS)
-    if FIRST_BURST <= 3 and NUM_STAGES > 3:  # (a token table's ring: its rows come from ROWS)
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, 0, 3, n_tiles, NUM_STAGES, ROWS, KV, TOKENS)
 
 
 @gluon.jit
@@ -224,7 +222,6 @@ def _stage1_kernel(
     KV_FP4: gl.constexpr,  # 0: fp8 / bf16 KV; 1: MXFP4 codes + E8M0 scales; 2: NVFP4 codes + E4M3 scales (`fp4tiles`)
     FP4_E4M3: gl.constexpr,  # fp8 q, MXFP4 KV on fp8 wgmma: tiles of e4m3 residuals, 2^F in the softmax (`fp4tiles`)
     TOKENS: gl.constexpr,  # page size 1, any token table: TILE_ROWS lists every row, the ring is filled by cp.async
-    RESCALE_TAU: gl.constexpr,  # binades a column's tile max must pass its running max by to move it (`host`)
     CAUSAL: gl.constexpr,  # q rows side by side under the causal mask: column c's KV ends ROWS - 1 - c // H before the
     # end of the work's last row's prefix, WORK_INFO column 7 (`decoder.causal_work_info`), or at the work's end
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
@@ -261,8 +258,7 @@ def _stage1_kernel(
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the bf16 ring needs 2 stages")
     gl.static_assert(not V_FROM_K or ABLATE == 0, "ablations are written for the fp8 path")
-    gl.static_assert((NUM_STAGES <= 3 and NUM_STAGES <= INFO_COLS - 5) or (TOKENS and NUM_STAGES == 4),
-                     "CTA_INFO lists the rows of the ring's tiles (a token table's ring: 4, its rows from TILE_ROWS)")
+    gl.static_assert(NUM_STAGES <= 3 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
     gl.static_assert(FIRST_BURST >= 1 and FIRST_BURST <= NUM_STAGES, "the first burst is 1 to NUM_STAGES tiles")
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
@@ -346,8 +342,6 @@ def _stage1_kernel(
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row1, 1, n_tiles, NUM_STAGES, sub_rows, KV, TOKENS)
     if NUM_STAGES > 2 and FIRST_BURST > 2:
         _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row2, 2, n_tiles, NUM_STAGES, sub_rows, KV, TOKENS)
-    if NUM_STAGES > 3 and FIRST_BURST > 3:
-        _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, 0, 3, n_tiles, NUM_STAGES, sub_rows, KV, TOKENS)
     if TIMELINE:
         _stamp(tl_row, 4)
     # The row of the next refill is always loaded one tile ahead (a load in the refill's path would stall the CTA).
@@ -498,22 +492,18 @@ def _stage1_kernel(
                 sc = s_acc * (qk_scale * col)[:, None] + f_tok.to(gl.float32)[:, None]
             else:
                 sc = s_acc * qk_scale
-            if CAUSAL:  # each column up to its own row's prefix
+            if CAUSAL:  # each column up to its own row's prefix; a column that has seen no token yet keeps m = -inf
+                # and takes p = 0, alpha = 0 (its accumulators are 0) rather than exp2(-inf + inf)
                 sc = gl.where((start + offs_tok)[:, None] < col_end[None, :], sc, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_use)
+                p = gl.exp2(sc - m_use[None, :])
             else:
                 sc = gl.where(((start + offs_tok) < kv_end)[:, None], sc, float("-inf"))
-            # The running max moves only where a column's tile max passes it by more than RESCALE_TAU binades, so P
-            # stays <= 2^RESCALE_TAU (inside e4m3's 448) and Oᵀ's rescale is skipped on every tile where no column's
-            # max moved (below); output and LSE use the max they were summed with (exact up to P's rounding).
-            t_max = gl.max(sc, axis=0)
-            m_new = gl.where(t_max > m_i + RESCALE_TAU, t_max, m_i)
-            if CAUSAL:  # a column that has seen no token yet keeps m = -inf and takes p = 0, alpha = 0 (its
-                # accumulators are 0) rather than exp2(-inf + inf)
-                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            else:
-                m_use = m_new
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(sc - m_use[None, :])
+                m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+                alpha = gl.exp2(m_i - m_new)
+                p = gl.exp2(sc - m_new[None, :])
             if FP4_E4M3:  # the softmax sum counts P = P̂ · 2^-F
                 l_acc = l_acc * alpha[None, :] + p * _pow2(-f_tok)[:, None]
             else:
@@ -532,10 +522,7 @@ def _stage1_kernel(
             if WG > 1:  # every column's factor, for this warpgroup's rows of Oᵀ (double-buffered as Pᵀ is: a
                 # warpgroup a tile ahead writes the other buffer)
                 alpha = a_smem.index(pb).load(gl.SliceLayout(0, ACC_O))
-            if FP4_E4M3:  # noqa: SIM114 (a constexpr test: with the branch below this route spilled)
-                o_cur = o_cur * alpha[None, :]
-            elif gl.min(alpha, axis=0) < 1.0:  # some column's max moved: a work's first tile, rarely another
-                o_cur = o_cur * alpha[None, :]
+            o_cur = o_cur * alpha[None, :]
             if ABLATE >= 2:  # ablation: no PV (and no V operand: the compiler drops its loads)
                 o_acc = warpgroup_mma_init(o_cur)
             elif V_IN_REGS:
