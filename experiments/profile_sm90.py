@@ -15,6 +15,7 @@ events of every shape's stamped launch; data/profiles/*_timeline.csv).
 
     python experiments/profile_sm90.py --out-dir /tmp/prof --ablations
     python experiments/profile_sm90.py --shapes 4x1024,128x8192 --precision bf16
+    python experiments/profile_sm90.py --shapes 32x8192,128x8192 --q-len 4 --ablations   # speculative decode
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", type=_shapes, default=sorted(COMPETITION_SHAPES, key=lambda s: (s[1], s[0])))
     ap.add_argument("--plan-block", type=int, default=None, help="the simple planner's block (default: the backend's)")
+    ap.add_argument("--q-len", type=int, default=1, help="query rows a request (speculative decode; default 1)")
     ap.add_argument("--no-flashmla", action="store_true")
     ap.add_argument("--precision", default="a8w8", choices=("a8w8", "a16w8", "bf16"))
     ap.add_argument("--ablations", action="store_true", help="also time the call with the QK / QK+PV compute skipped")
@@ -66,10 +68,10 @@ def main() -> None:
     print(f"empty kernel: {empty1:.2f} us per graph node, two in a row {empty2:.2f} us; copy {bw:.3f} TB/s", flush=True)
     rows, events = [], []
     for B, L in a.shapes:
-        x = make_inputs(DecodeCase.uniform(B, L)).to("cuda")
+        x = make_inputs(DecodeCase.uniform(B, L, q_len=a.q_len)).to("cuda")
         n = rotation_copies(kv_cache_bytes(B, L, a.precision))
-        row: dict[str, object] = {"B": B, "L": L, "precision": a.precision, "graph_node_us": round(empty1, 2),
-                                  "two_nodes_us": round(empty2, 2)}  # fmt: skip
+        row: dict[str, object] = {"B": B, "L": L, "q_len": a.q_len, "precision": a.precision,
+                                  "graph_node_us": round(empty1, 2), "two_nodes_us": round(empty2, 2)}  # fmt: skip
         if not a.no_flashmla and a.precision != "a16w8":  # (FlashMLA has no bf16-q / fp8-KV path)
             fcall, _ = get_backend("flashmla").make_callable(x, precision=a.precision, n_copies=n)
             row["flashmla_us"] = round(time_callable(fcall, n)["us_median"], 2)
