@@ -105,8 +105,12 @@ def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, cau
     if not before:
         x = case_inputs(B, L, q_len, layout, causal).to("cuda")
         return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
-    old_timing, old_triton = (_before_module(m) for m in ("timing", "backends.triton"))
-    x = old_timing.case_inputs(B, L, q_len, layout).to("cuda")
+    old_triton = _before_module("backends.triton")
+    if layout == "contiguous":  # (any commit's inputs; case_inputs exists from the layouts work on)
+        old_inputs, old_config = _before_module("inputs"), _before_module("config")
+        x = old_inputs.make_inputs(old_config.DecodeCase.uniform(B, L, q_len=q_len)).to("cuda")
+    else:
+        x = _before_module("timing").case_inputs(B, L, q_len, layout).to("cuda")
     old = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
     return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **old)[0]
 
