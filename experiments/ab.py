@@ -125,9 +125,9 @@ def check(name: str, sms: int, precision: str, q_len: int = 1, causal: bool = Fa
     ok = True
     cases = [ragged_kv_lens(9, 700, seed=3), (1024,) * 4, (1, 64, 8192), (0, 130, 5, 4096), (1000,) * 40,
              (8192,) * 4, (100,) * 150]  # fmt: skip
+    page_size, permute, pool = LAYOUTS[layout]
     for lens in cases:
         lens = [max(n, q_len) if n and causal else n for n in lens]  # causal: a request holds >= q_len tokens
-        page_size, permute, pool = LAYOUTS[layout]
         x = make_inputs(DecodeCase(kv_lens=tuple(lens), q_len=q_len, seed=4, causal=causal, page_size=page_size,
                                    permute_pages=permute, pool_factor=pool)).to("cuda")  # fmt: skip
         p = prepare(x, precision)

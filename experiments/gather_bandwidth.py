@@ -39,13 +39,23 @@ def _launch(pool: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, i: int) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", default="1048576,262144", help="rows read per call (past the L2), comma list")
+    ap.add_argument(
+        "--tokens", default="1048576,262144", help="rows read per call (past the L2; multiples of 64), comma list"
+    )
     ap.add_argument("--pool", type=int, default=4, help="pool size in multiples of the rows (default 4)")
     a = ap.parse_args()
+    try:
+        rows = [int(t) for t in a.tokens.split(",")]
+    except ValueError:
+        raise SystemExit(f"--tokens must be a comma list of ints, got {a.tokens!r}") from None
+    if not rows or any(n < 64 or n % 64 for n in rows):  # (64 rows a program: no row left out)
+        raise SystemExit(f"--tokens must be multiples of 64, got {a.tokens!r}")
+    if a.pool < 1:
+        raise SystemExit(f"--pool must be >= 1, got {a.pool}")
     if not torch.cuda.is_available():
         raise SystemExit("gather_bandwidth.py needs a CUDA GPU")
     g = torch.Generator().manual_seed(0)
-    for n in (int(t) for t in a.tokens.split(",")):
+    for n in rows:
         pool = torch.randint(-(2**31), 2**31 - 1, (a.pool * n, ROW_WORDS), dtype=torch.int32, device="cuda")
         orders = {"in order": torch.arange(n), "random slots": torch.randperm(a.pool * n, generator=g)[:n]}
         out = torch.empty(n // 64, dtype=torch.int32, device="cuda")

@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--precision", default="a8w8")
     ap.add_argument("--calls", type=int, default=4, help="calls in all (profile the last stage 1 with --launch-skip)")
     a = ap.parse_args()
+    if a.calls < 1:
+        raise SystemExit(f"--calls must be >= 1, got {a.calls}")
     if not torch.cuda.is_available():
         raise SystemExit("ncu_stage1.py needs a CUDA GPU")
     x = make_inputs(DecodeCase.uniform(a.batch, a.kv_len, q_len=a.q_len)).to("cuda")
