@@ -102,7 +102,7 @@ def test_row_passes_run_every_q_row_of_every_work_once(q_len: int, per: int, pla
 
 def test_rows_per_cta_on_the_fp8_path_four_or_two_as_the_rows_divide() -> None:
     """Four q rows a work (side by side in the wgmmas' N) where every work covers a multiple of 4 rows on the fp8 path,
-    else two where every count is even; not on the 16-bit and fp4 paths, not with a token table; `row_passes` refuses
+    else two where every count is even, token tables included; not on the 16-bit and fp4 paths; `row_passes` refuses
     a split it cannot make."""
     for q_len, prec, want in ((2, "a8w8", 2), (4, "a8w8", 4), (6, "a8w8", 2), (1, "a8w8", 1), (2, "bf16", 1),
                               (2, "a16w8", 1), (4, "a8w4-mxfp4", 1), (3, "a8w8", 1)):  # fmt: skip
@@ -117,7 +117,8 @@ def test_rows_per_cta_on_the_fp8_path_four_or_two_as_the_rows_divide() -> None:
     tok = make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2, page_size=1, permute_pages=True))
     assert host.tokens(prepare(tok, "a8w8"))
     twi = token_work_info(make_plan("simple", tok.qo_indptr, tok.kv_indptr, 4), tok.kv_indptr, tok.kv_last_page_len)
-    assert host.rows_per_cta_of(prepare(tok, "a8w8"), twi[:, 3] - twi[:, 2], side_by_side="on") == 1
+    assert host.rows_per_cta_of(prepare(tok, "a8w8"), twi[:, 3] - twi[:, 2], side_by_side="on") == 2
+    assert host.rows_per_cta_of(prepare(tok, "bf16"), twi[:, 3] - twi[:, 2], side_by_side="on") == 1
     p8 = prepare(make_inputs(DecodeCase(kv_lens=(70, 5), q_len=2)), "a8w8")
     assert host.rows_per_cta_of(p8, torch.tensor([1, 2]), side_by_side="on") == 1  # (one odd count: one row a CTA)
     assert (
@@ -354,10 +355,11 @@ def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
 def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
     """Every path as the decoder launches it (contiguous and paged, whole ring and deferred fill, the measurement
     hooks, the four fp4 precisions of v-fp4, the e4m3 route, the cp.async ring of token tables, two and four q rows a
-    work on the fp8 path, on two warpgroups, with and without the causal mask): the path's wgmmas
-    (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory (but one register of the paged e4m3
-    route on Triton 3.6, outside the tile loop), within sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's
-    conversion free of bank conflicts, one 8-byte store per row of an fp16 partial, the LSE's log2 on the SFU."""
+    work on the fp8 path, on two warpgroups, with and without the causal mask, on TMA tiles and token tables): the
+    path's wgmmas (fp8: 18 score + 16 value QGMMA per tile; 16-bit: 68 HGMMA), no local memory (but one register of
+    the paged e4m3 route on Triton 3.6 and four of four token-table rows on 3.9, outside the tile loop), within
+    sm_90's 227 KB, the fp8 V load and the fp4 rope chunk's conversion free of bank conflicts, one 8-byte store per
+    row of an fp16 partial, the LSE's log2 on the SFU."""
     body = (
         "from mlalab.kernels.sm90.build import compile_stage1\n"
         "runs = [('v-regs', m, fb, tl, ab) for m in (False, True) for fb in (None, 2) for tl, ab in ((0, 0),)]\n"
@@ -377,6 +379,8 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "         for fb in (None, 2) for rw in (2, 4)]  # q rows side by side on two warpgroups\n"
         "runs = [(*r, False) for r in runs]\n"
         "runs += [('v-regs', m, 2, 0, 0, None, None, rw, True) for m in (False, True) for rw in (2, 4)]  # causal\n"
+        "runs += [('v-regs', True, fb, 0, 0, None, 1, rw, c) for fb in (None, 2) for rw in (2, 4)\n"
+        "         for c in (False, True)]  # q rows side by side on a token table\n"
         "for path, mask, fb, tl, ab, prec, pg, rw, causal in runs:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
         "                       page=pg, rows=rw, causal=causal)\n"
@@ -384,16 +388,21 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "    local = sum(n for k, n in r.sass.items() if k.startswith(('LDL', 'STL')))\n"
         "    print('R', path, int(mask), fb or 0, tl, ab, r.registers, r.stack_bytes, local, r.shared_bytes,\n"
         "          ','.join(map(str, r.bank_conflicts)) or '-', gmma, r.sass.get('STG.E.64', 0),\n"
-        "          r.sass.get('MUFU.LG2', 0), rw)\n"
+        "          r.sass.get('MUFU.LG2', 0), rw, pg or 0)\n"
     )
     out, rows = _compile_rows(body, triton_copy)
-    assert len(rows) == 45, out
-    for _, path, mask, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2, rw in rows:
+    assert len(rows) == 53, out
+    for _, path, mask, fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2, rw, pg in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
         if path == "v-fp4-e4m3" and mask == "1" and triton_copy == "h200":
             # Triton 3.6 spills one register of the paged e4m3 route: stored once before the tile loop and loaded
             # once after each work's tiles (read in its SASS; 3.9 spills nothing). Anything more is a regression.
             assert int(stack) <= 8 and int(local) <= 2, out
+        elif (pg, rw, fb) == ("1", "4", "2") and triton_copy == "environment":
+            # Triton 3.9 spills four registers of four q rows on a token table with the deferred ring fill: stored
+            # once before the work loop, loaded once after each work's tiles (read in its SASS; 3.6, the GPU
+            # machine's, spills nothing). Anything more is a regression.
+            assert int(stack) <= 16 and int(local) <= 8, out
         else:
             assert int(stack) == 0 and local == "0", out  # (a masked V operand once made the paged fp8 loop spill)
         if path == "v-regs":
@@ -451,6 +460,7 @@ def test_reduces_compile_for_sm90_without_local_memory(triton_copy: str) -> None
         (dict(path="v-regs", page=8), ValueError, "page must be None, 1 .a token table. or one of"),
         (dict(path="v-fp4", page=16), ValueError, "page must be None, 1 .a token table. or one of"),
         (dict(path="v-fp4-e4m3", page=1), ValueError, "not on the fp4 paths"),
+        (dict(path="v-tile", rows=2), ValueError, "rows must be 1, or 2 or 4 on v-regs"),
     ],
 )
 def test_sm90_build_refuses_bad_options_before_compiling(options: dict, error: type, message: str) -> None:
@@ -577,14 +587,15 @@ def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: st
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("q_len", [1, 2, 4])
 @pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
 @pytest.mark.parametrize("precision", list(PATHS))
 def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: str, q_len: int) -> None:
     """Page size 1 with a token table into a pool four times the batch's KV (sglang's and aiter's layout): each
     token a random slot, every slot the batch does not use holding NaN codes (a row read from the wrong slot, or a
     tile row past a work's end read from anywhere but the work's last token, shows); the ring filled by cp.async
-    (`host.tokens`). Ragged, empty and long requests, split works, q_len 1 and 2."""
+    (`host.tokens`). Ragged, empty and long requests, split works, q_len 1, 2 and 4: a8w8 with the q rows side by
+    side (two warpgroups copying each tile) and one row a CTA."""
     from mlalab.backends.triton import build_plan
 
     lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
@@ -603,7 +614,9 @@ def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: st
     code_type, nan_code = (torch.uint8, 0x7F) if p.spec.kv_fp8 else (torch.int16, 0x7FC0)
     p.kv.view(code_type)[unused.cuda()] = nan_code
     plan = build_plan(x, planner, 132 // q_len)
-    _check(p, plan, clean, peaked=True, config=KernelConfig())  # (kernel "auto": it must pick sm_90)
+    for side in ("on", "off") if q_len > 1 else ("auto",):  # (kernel "auto": it must pick sm_90)
+        rows = q_len if precision == "a8w8" and side == "on" else 1
+        _check(p, plan, clean, peaked=True, config=KernelConfig(side_by_side=side), rows=rows)
 
 
 @pytest.mark.gpu

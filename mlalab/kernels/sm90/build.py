@@ -158,8 +158,8 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     if ablate not in (0, 1, 2) or isinstance(ablate, bool) or (ablate and path != "v-regs"):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV; fp8 path only), "
                          f"got {ablate!r} on {path}")  # fmt: skip
-    if rows not in (1, 2, 4) or isinstance(rows, bool) or (rows > 1 and (path != "v-regs" or page == 1)):
-        raise ValueError(f"rows must be 1, or 2 or 4 on v-regs without a token table, got {rows!r} on {path}")
+    if rows not in (1, 2, 4) or isinstance(rows, bool) or (rows > 1 and path != "v-regs"):
+        raise ValueError(f"rows must be 1, or 2 or 4 on v-regs, got {rows!r} on {path}")
     if path == "v-fp4":
         precision = "a16w4-mxfp4" if precision is None else precision
         if precision not in FP4_BUILDS:

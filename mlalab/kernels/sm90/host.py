@@ -180,7 +180,7 @@ def batch_kv_tokens(prepared: PreparedInputs) -> int:
 def rows_per_cta_of(
     prepared: PreparedInputs, q_rows: torch.Tensor, p_fp8: bool = True, side_by_side: str = "auto"
 ) -> int:
-    """q rows a CTA of the sm_90 kernel runs per work: on the fp8 path (``v-regs``) without a token table, 4 when every
+    """q rows a CTA of the sm_90 kernel runs per work: on the fp8 path (``v-regs``), 4 when every
     count in `q_rows` (the q rows of each work, or of each request before a plan exists) is a multiple of 4, else 2
     when every count is even (some not 0: q_len 2, 4), on two warpgroups sharing each tile (`stage1`); else 1.
     `side_by_side` (`KernelConfig.side_by_side`): ``"off"`` always 1, ``"auto"`` 1 below `SIDE_BY_SIDE_FROM_TOKENS` KV
@@ -188,7 +188,7 @@ def rows_per_cta_of(
     if side_by_side not in SIDE_BY_SIDE:
         raise ValueError(f"side_by_side must be one of {', '.join(map(repr, SIDE_BY_SIDE))}, got {side_by_side!r}")
     rows = q_rows.to("cpu", torch.int64)
-    if tokens(prepared) or path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
+    if path_of(prepared, p_fp8=p_fp8) != "v-regs" or not bool((rows > 0).any()):
         return 1
     if side_by_side == "off" or (side_by_side == "auto" and batch_kv_tokens(prepared) < SIDE_BY_SIDE_FROM_TOKENS):
         return 1

@@ -251,8 +251,7 @@ def _stage1_kernel(
     KV_CONVERT: gl.constexpr = (MMA_BITS == 16 and KV_BITS == 8) or FP4_E4M3
     gl.static_assert(not KV_FP4 or kn_desc.dtype == gl.uint8, "fp4 KV arrives as packed code bytes (uint8)")
     gl.static_assert(KV_BITS == MMA_BITS or KV_CONVERT, "q and KV of one type, bf16 q with fp8 KV, or fp4 KV")
-    gl.static_assert(ROWS == 1 or (V_IN_REGS and not KV_CONVERT and not TOKENS),
-                     "q rows side by side: the fp8 path (v-regs), its ring filled by TMA")  # fmt: skip
+    gl.static_assert(ROWS == 1 or (V_IN_REGS and not KV_CONVERT), "q rows side by side: the fp8 path (v-regs)")
     gl.static_assert(ROWS < 4 or WG == 2, "four q rows: Oᵀ (512 x 64) split over two warpgroups")
     gl.static_assert(not CAUSAL or ROWS > 1, "one q row a work takes the causal mask from its KV end alone")
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
