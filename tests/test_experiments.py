@@ -29,7 +29,7 @@ def test_every_recorded_experiment_loads_and_its_geomeans_are_the_csv_s() -> Non
         g = experiment_geomeans(df).set_index("variant")
         # the reference: FlashMLA, else FlashInfer, else our portable kernel (a16w8 files without a peer), else the
         # first variant (an A/B of our variants alone)
-        keys = ("B", "L", "q_len", "layout")  # the shape and the case keys of speculative decode / layout files
+        keys = ("B", "L", "q_len", "causal", "layout")  # the shape and the case keys (`CASE_KEYS`)
         timed = [c for c in raw.columns if c not in (*keys, "floor", "precision", *PROVENANCE_COLUMNS)]
         ref = next((c for c in ("flashmla", "flashinfer", "portable") if c in raw.columns), timed[0])
         assert reference_column(df) == ref
