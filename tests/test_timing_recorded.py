@@ -15,11 +15,14 @@ from mlalab.plan import indptrs_for, make_plan
 from mlalab.plots.timing import bars_per_shape, plan_time_facts, roofline_figure
 from mlalab.records.schema import CSV_COLUMNS, config_cell, parse_config
 from mlalab.records.timings import (
+    LAYOUTS_DIR,
+    TIMINGS_DIR,
     best_per_shape,
     fastest_record,
     load_recorded,
     plan_of_record,
     record_for_shape,
+    recorded_view,
     speedup_table,
 )
 from mlalab.timing import L2_BYTES, MAX_ROTATION, copy_bandwidth, kv_cache_bytes, rel_l2, rotation_copies
@@ -226,3 +229,21 @@ def test_plan_time_panel_dropdown_redraws_the_plan() -> None:
     assert "no full suite run" in q.message.value and len(q.work_map.data) == 0
     q = plan_time_panel(load_recorded().query("batch != 4"), best_of_all=True)
     assert "no triton a8w8 records for B4" in q.message.value and len(q.work_map.data) == 0
+
+
+def test_speculative_decode_views_keep_rows_of_the_default_plan_on_fewer_slots() -> None:
+    """At q_len 2 and 4 the default plan has SMs // q_len slots where a CTA runs one q row (every bf16 and a16w8 row,
+    a8w8 on small batches): those rows are Triton's default and every view shows them, the 12 competition shapes in
+    every precision (this run's a16w8 at 256 x 8192 ran out of the H100's memory)."""
+    df = load_recorded((TIMINGS_DIR, LAYOUTS_DIR))
+    run = "h100_2026-12-07_layouts_q24_tokens.csv"
+    for q_len in (2, 4):
+        rows = recorded_view(df, run=run, q_len=q_len, layout="tokens").rows
+        ours = rows[rows["backend"] == "triton"]
+        for prec in ("a8w8", "a16w8", "bf16"):
+            shapes = set(
+                zip(ours.loc[ours["precision"] == prec, "batch"], ours.loc[ours["precision"] == prec, "kv_len"])
+            )
+            assert set(COMPETITION_SHAPES) <= shapes, (q_len, prec)
+        slots = {parse_config(c)["num_cus"] for c in ours["config"]}
+        assert {132 // q_len, 132} <= slots, slots  # one row a CTA and rows side by side, both default

@@ -16,7 +16,15 @@ from mlalab.io import atomic_write
 from mlalab.kernels import KernelConfig
 from mlalab.plan import WorkPlan, indptrs_for, make_plan
 from mlalab.plots.timing import BF16_MATMUL_ROOF_TFLOPS, ROOF_SOURCE, bars_per_shape, roofline_figure
-from mlalab.records.schema import CSV_COLUMNS, TimingRecord, config_cell, is_default_config, parse_config, write_csv
+from mlalab.records.schema import (
+    CSV_COLUMNS,
+    TimingRecord,
+    config_cell,
+    default_slot_counts,
+    is_default_config,
+    parse_config,
+    write_csv,
+)
 from mlalab.records.timings import (
     REFERENCE_GPU,
     default_run,
@@ -126,6 +134,16 @@ def test_default_config_rule() -> None:
     assert is_default_config(float("nan")) and is_default_config("")
     assert is_default_config(_cell(plan), 132)
     assert not is_default_config(_cell(plan), 264)  # 2 plan slots per SM is a variant
+    # the default plan's slots: SMs x 1 or 2 CTAs an SM, over the CTAs a request's q rows take (1, 2 or 4 | q_len)
+    for slots, q_len, default in ((264, 1, True), (528, 1, False), (66, 1, False), (66, 2, True), (132, 2, True),
+                                  (33, 4, True), (33, 2, False), (66, 4, True), (264, 4, True)):  # fmt: skip
+        cell = _cell(make_plan("simple", *indptrs_for([1024] * 4), slots))
+        assert is_default_config(cell, 132, q_len) == default, (slots, q_len)
+    assert default_slot_counts(132, 4) == {33, 66, 132, 264} and default_slot_counts(132, 3) == {44, 88}
+    assert not is_default_config(_cell(plan, slots_given=True), 132)  # slots the caller chose
+    for bad, arg in (((0, 1), "sm_count"), ((132, 0), "q_len"), ((132, True), "q_len")):
+        with pytest.raises(ValueError, match=f"{arg} must be an int >= 1"):
+            default_slot_counts(*bad)
     assert not is_default_config(_cell(plan, plan_block=128), 132)  # a plan option given is a variant
     assert not is_default_config(_cell(plan, p_fp8=False), 132)
     # retired knobs (recorded by runs before the experiments were deleted): the values that selected what the code

@@ -98,7 +98,11 @@ def make_callable(
         raise RuntimeError(f"triton backend unavailable: {reason}")
     prep = prepare(inputs, precision, fp8_format, fp4_recipe)
     # the plan options the caller gave (recorded with the timings)
-    given = {**plan_knobs, **({"plan_block": plan_block} if plan_block is not None else {})}
+    given = {
+        **plan_knobs,
+        **({"plan_block": plan_block} if plan_block is not None else {}),
+        **({"slots_given": True} if num_cus is not None or plan is not None else {}),
+    }
     why_not_sm90 = sm90_host.unsupported(prep, None, pv_exact=pv_exact, out_dtype=out_dtype, p_fp8=cfg.p_fp8)
     sm90 = cfg.kernel != "portable" and why_not_sm90 is None
     if plan_block is not None:

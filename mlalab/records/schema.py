@@ -18,7 +18,7 @@ from ..io import atomic_write
 from ..kernels import KernelConfig
 
 __all__ = ["DATA_ROOT", "CSV_COLUMNS", "PROVENANCE_COLUMNS", "ACCURACY_PENDING", "TimingRecord", "write_csv",
-           "config_cell", "parse_config", "RETIRED_KNOBS", "is_default_config"]  # fmt: skip
+           "config_cell", "parse_config", "RETIRED_KNOBS", "default_slot_counts", "is_default_config"]  # fmt: skip
 
 #: data/ of this checkout: recorded GPU measurements (data/README.md)
 DATA_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
@@ -160,10 +160,23 @@ RETIRED_KNOBS: dict[str, tuple[object, ...]] = {
 }
 
 
-def is_default_config(cell: object, sm_count: int | None = None) -> bool:
+def default_slot_counts(sm_count: int, q_len: int = 1) -> frozenset[int]:
+    """The plan slots a row of `q_len` q rows a request may have run on with the Triton backend's default plan
+    (`mlalab.backends.triton.make_callable`): the SMs times the CTAs an SM (1, or 2 where `ctas_per_sm` says so), over
+    the CTAs a slot's q rows take (q_len over the rows a CTA runs side by side: 1, 2 or 4 dividing q_len)."""
+    if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1:
+        raise ValueError(f"sm_count must be an int >= 1, got {sm_count!r}")
+    if isinstance(q_len, bool) or not isinstance(q_len, int) or q_len < 1:
+        raise ValueError(f"q_len must be an int >= 1, got {q_len!r}")
+    ctas = {q_len // rows for rows in (1, 2, 4) if q_len % rows == 0}
+    return frozenset(max(1, sm_count * per_sm // c) for per_sm in (1, 2) for c in ctas)
+
+
+def is_default_config(cell: object, sm_count: int | None = None, q_len: int = 1) -> bool:
     """Whether a Triton `config` cell is the backend's default: an empty cell (that run's defaults), or JSON whose
     kernel knobs equal today's ``KernelConfig()`` (retired knobs: a value of `RETIRED_KNOBS`), with no plan knobs
-    beyond ``num_cus`` (= the SM count), the recorded ``plan`` digest and the kernel that ran (``ran``). ``k=v``
+    beyond ``num_cus`` (one of `default_slot_counts` for `sm_count` and `q_len`; a count the caller gave is recorded
+    with ``slots_given`` and is a variant), the recorded ``plan`` digest and the kernel that ran (``ran``). ``k=v``
     cells (old runs wrote only the knobs they were given) and sweep variants (``name:``) are not defaults."""
     cfg = parse_config(cell)
     if not cfg:
@@ -180,4 +193,4 @@ def is_default_config(cell: object, sm_count: int | None = None) -> bool:
                 return False
         elif k not in ("num_cus", "plan", "ran"):
             return False
-    return sm_count is None or "num_cus" not in cfg or int(cfg["num_cus"]) == int(sm_count)
+    return sm_count is None or "num_cus" not in cfg or int(cfg["num_cus"]) in default_slot_counts(int(sm_count), q_len)

@@ -103,7 +103,8 @@ def _check_df(df: object) -> pd.DataFrame:
 def _default_rows(d: pd.DataFrame, planner: str | None) -> pd.DataFrame:
     """Peers as recorded; Triton only its default config with `planner` (default: the backend's default)."""
     tr = d["backend"] == "triton"
-    ok = [is_default_config(c, s) for c, s in zip(d["config"], d["sm_count"])] if len(d) else []
+    q_lens = d["q_len"] if "q_len" in d else pd.Series(1, index=d.index)
+    ok = [is_default_config(c, s, int(q)) for c, s, q in zip(d["config"], d["sm_count"], q_lens)] if len(d) else []
     keep = ~tr | (pd.Series(ok, index=d.index, dtype=bool) & (d["planner"] == (planner or DEFAULT_PLANNER)))
     return d[keep]
 
