@@ -148,3 +148,16 @@ def test_a_missing_module_of_mlalab_itself_is_not_called_an_optional_dependency(
     code = "import sys; sys.modules['mlalab.report'] = None; from mlalab.__main__ import main; main(['--help'])"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr and "unavailable" not in r.stdout, r.stderr
+
+
+def test_bench_recorded_layout_costs(capsys) -> None:
+    """`bench --recorded --layout-costs`: each layout's time over our contiguous time, per GPU; the flag alone
+    (measuring) and with --run are refused."""
+    from mlalab.__main__ import main
+
+    assert main(["bench", "--recorded", "--layout-costs"]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA H100 80GB HBM3:" in out and "vs_contiguous" in out and "tokens" in out
+    assert main(["bench", "--layout-costs"]) == 2 and "add --recorded" in capsys.readouterr().err
+    assert main(["bench", "--recorded", "--layout-costs", "--run", "x"]) == 2
+    assert "no --run or --best-of-all" in capsys.readouterr().err

@@ -113,6 +113,15 @@ def test_panel_reads_the_layout_runs_too(tmp_path) -> None:  # noqa: ANN001
     p.layout.value = (1, "tokens", False)
     bars = [t for t in p.bars.data if t.name == "triton a8w8"]
     assert bars and len(bars[0].y) == 14 and "tokens" not in p.message.value
+    # what the layout costs: its run against a contiguous run covering the 12 shapes (`layout_costs`), or why not
+    assert "What tokens costs on NVIDIA H100 80GB HBM3:</b> our a8w8 time is" in p.table.value
+    p.run.value = "h100_2026-12-07_layouts_q24_tokens.csv"
+    p.layout.value = (4, "tokens", False)
+    assert "goal ≤ 1.25×" in p.table.value and "(two runs)" in p.table.value
+    p.precision.value = "bf16"
+    assert "no NVIDIA H100 80GB HBM3 runs of tokens and of the contiguous cache at bf16, q_len 4" in p.table.value
+    p.layout.value = (1, "contiguous", False)
+    assert "costs" not in p.table.value
     with pytest.raises(TypeError, match="data_dir must be a folder path"):
         load_recorded(3)
     a, b = tmp_path / "a", tmp_path / "b"
@@ -247,3 +256,63 @@ def test_speculative_decode_views_keep_rows_of_the_default_plan_on_fewer_slots()
             assert set(COMPETITION_SHAPES) <= shapes, (q_len, prec)
         slots = {parse_config(c)["num_cus"] for c in ours["config"]}
         assert {132 // q_len, 132} <= slots, slots  # one row a CTA and rows side by side, both default
+
+
+def test_layout_costs_are_the_recorded_runs_ratios() -> None:
+    """`layout_costs` on data/: every a8w8 layout at q_len 1, 2 and 4 on the H100, each ratio the geomean of the two
+    CSVs' Triton rows at the 12 shapes (computed here from the files), the goal only for a8w8."""
+    import pandas as pd
+
+    from mlalab.records.timings import LAYOUT_GOALS, layout_costs
+
+    df = load_recorded((TIMINGS_DIR, LAYOUTS_DIR))
+    t = layout_costs(df, gpu="NVIDIA H100 80GB HBM3")
+    a8 = t[t["precision"] == "a8w8"]
+    assert {(q, lay) for q, lay in zip(a8["q_len"], a8["layout"])} >= {
+        (q, lay) for q in (1, 2, 4) for lay in ("paged64", "paged16", "tokens")
+    }
+    row = a8[(a8["q_len"] == 4) & (a8["layout"] == "tokens")].iloc[0]
+    assert row["run"] == "h100_2026-12-07_layouts_q24_tokens.csv" and not row["same_run"]
+
+    def us(name: str, layout: str) -> pd.Series:
+        d = pd.read_csv(f"{LAYOUTS_DIR}/{name}")
+        d = d[(d["backend"] == "triton") & (d["precision"] == "a8w8") & (d["q_len"] == 4) & (d["layout"] == layout)]
+        return d.set_index(["batch", "kv_len"])["us_median"].loc[list(COMPETITION_SHAPES)]
+
+    ratio = us(row["run"], "tokens").to_numpy() / us(row["contiguous_run"], "contiguous").to_numpy()
+    assert row["vs_contiguous"] == pytest.approx(math.exp(sum(math.log(v) for v in ratio) / 12), rel=1e-12)
+    assert row["max"] == pytest.approx(ratio.max(), rel=1e-12) and row["goal"] == LAYOUT_GOALS["tokens"]
+    assert bool(row["met"]) == (row["vs_contiguous"] <= row["goal"])
+    assert t.loc[t["precision"] != "a8w8", "goal"].isna().all()  # no goal for bf16 and a16w8
+
+
+def test_layout_costs_pick_covering_runs_and_refuse_bad_input(tmp_path) -> None:  # noqa: ANN001
+    """Each side is the newest run covering every shape asked for: a layout run short of a shape is left out, a
+    contiguous side missing from the layout's run comes from another run (``same_run`` False)."""
+    from mlalab.records.schema import TimingRecord, write_csv
+    from mlalab.records.timings import layout_costs
+
+    env = {"gpu": "G", "sm_count": 132}
+    shapes = [(4, 1024), (8, 1024)]
+
+    def rec(layout: str, b: int, us: float, date: str) -> TimingRecord:
+        return TimingRecord("triton", "simple", "a8w8", "", b, 1024, 1, False, layout, us_median=us,
+                            env={**env, "date": date})  # fmt: skip
+
+    write_csv([rec("contiguous", b, 10.0, "2026-01-01") for b, _ in shapes], tmp_path / "g_old.csv")
+    write_csv([rec("paged64", b, 11.0 + b, "2026-01-02") for b, _ in shapes] + [rec("tokens", 4, 30.0, "2026-01-02")],
+              tmp_path / "g_new.csv")  # fmt: skip
+    df = load_recorded(str(tmp_path))
+    t = layout_costs(df, gpu="G", shapes=shapes)
+    assert list(t["layout"]) == ["paged64"]  # tokens covers 4 x 1024 only
+    r = t.iloc[0]
+    assert r["run"] == "g_new.csv" and r["contiguous_run"] == "g_old.csv" and not r["same_run"]
+    assert r["vs_contiguous"] == pytest.approx(math.sqrt(1.5 * 1.9)) and r["worst_shape"] == "8x1024"
+    assert layout_costs(df, gpu="G", shapes=[(4, 1024)])["layout"].tolist() == ["paged64", "tokens"]
+    with pytest.raises(ValueError, match="gpu 'H' has no Triton records; recorded GPUs: G"):
+        layout_costs(df, gpu="H")
+    with pytest.raises(TypeError, match="gpu must be a str"):
+        layout_costs(df, gpu=1)  # type: ignore[arg-type]
+    for bad in ([], [(4,)], [(4, 0)], "4x1024"):
+        with pytest.raises(ValueError, match="shapes must be a non-empty list"):
+            layout_costs(df, gpu="G", shapes=bad)  # type: ignore[arg-type]

@@ -56,6 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --recorded: fastest row per shape over every run and config (labelled, winners listed)",
     )
+    p.add_argument(
+        "--layout-costs",
+        action="store_true",
+        help="with --recorded: each layout's time over our contiguous time per GPU, precision and q_len (12 shapes)",
+    )
 
 
 def summarise_recorded(data_dir: str | None = None, *, best_of_all: bool = False, run: str | None = None) -> int:
@@ -87,6 +92,31 @@ def summarise_recorded(data_dir: str | None = None, *, best_of_all: bool = False
     return 0
 
 
+def summarise_layout_costs(data_dirs: tuple[str, ...] | None = None) -> int:
+    """Print `mlalab.records.timings.layout_costs` for every GPU with recorded layout runs (data/layouts and
+    data/timings by default)."""
+    from ..records.timings import LAYOUTS_DIR, TIMINGS_DIR, layout_costs, load_recorded
+
+    try:
+        df = load_recorded(data_dirs or (TIMINGS_DIR, LAYOUTS_DIR))
+    except FileNotFoundError as e:
+        print(str(e))
+        return 1
+    print("our default Triton time / our contiguous time, geomean over the 12 competition shapes (each side one run;")
+    print("same_run False: the contiguous side is another run's); goal: the layouts issue's, a8w8")
+    shown = 0
+    for gpu in sorted(df["gpu"].astype(str).unique()):
+        t = layout_costs(df, gpu=gpu)
+        if t.empty:
+            continue
+        shown += 1
+        print(f"\n{gpu}:")
+        print(t.drop(columns=["shapes"]).round(3).to_string(index=False))
+    if not shown:
+        print("no GPU has a layout run and a contiguous run covering the 12 competition shapes")
+    return 0
+
+
 def run(a: argparse.Namespace) -> int:
     import torch
 
@@ -97,9 +127,13 @@ def run(a: argparse.Namespace) -> int:
             raise ValueError("--out is for measuring; --recorded only reads data/timings")
         if a.best_of_all and a.run is not None:
             raise ValueError("--run and --best-of-all exclude each other")
+        if a.layout_costs:
+            if a.best_of_all or a.run is not None:
+                raise ValueError("--layout-costs reads every run: no --run or --best-of-all")
+            return summarise_layout_costs()
         return summarise_recorded(best_of_all=a.best_of_all, run=a.run)
-    if a.best_of_all or a.run is not None:
-        raise ValueError("--best-of-all and --run select recorded data: add --recorded")
+    if a.best_of_all or a.run is not None or a.layout_costs:
+        raise ValueError("--best-of-all, --run and --layout-costs select recorded data: add --recorded")
     if not isinstance(a.triton_configs, list):
         raise TypeError(f"--triton-configs must be a JSON list of objects, got {a.triton_configs!r}")
     kw = dict(

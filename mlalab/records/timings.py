@@ -1,5 +1,6 @@
-"""Recorded timing runs (data/timings/*.csv): load them, pick what a view shows (one run with Triton at its default
-configuration, or the fastest row per shape over every run), and the tables and headline numbers of a view.
+"""Recorded timing runs (data/timings/*.csv, data/layouts/*.csv): load them, pick what a view shows (one run with
+Triton at its default configuration, or the fastest row per shape over every run), the tables and headline numbers of
+a view, and what each decode layout costs against our contiguous cache (`layout_costs`).
 
 A view is what every table, figure, CLI summary and the report show, so they all agree: `recorded_view` -> a
 `RecordedView` (its rows, the files read, a label saying how they were picked).
@@ -27,7 +28,7 @@ __all__ = ["TIMINGS_DIR", "LAYOUTS_DIR", "DEFAULT_PLANNER", "load_recorded", "wi
            "RecordedView", "recorded_view", "as_view", "series_rows", "best_per_shape", "speedup_table",
            "winners_table", "headline", "fastest_record", "record_for_shape", "plan_of_record", "plan_check",
            "REFERENCE_GPU", "full_runs",
-           "PRE_ONE_WAVE_RUNS"]  # fmt: skip
+           "PRE_ONE_WAVE_RUNS", "LAYOUT_GOALS", "layout_costs"]  # fmt: skip
 
 TIMINGS_DIR = os.path.join(DATA_ROOT, "timings")
 #: Timings of other decode layouts (q_len > 1, paged caches, token tables) against our contiguous cache and the peers:
@@ -391,3 +392,69 @@ def plan_check(row: pd.Series, plan: WorkPlan) -> tuple[str, str]:
         f"on {recorded.get('num_cus')} slots (digest {recorded['hash']}), rebuilt today {now['planner']} with "
         f"{now['n_work']} works on {now['num_cus']} slots (digest {now['hash']})."
     )
+
+
+#: The layouts issue's goal per layout for a8w8 (the other precisions have none): our time / our contiguous time,
+#: geomean over the 12 competition shapes.
+LAYOUT_GOALS = {"paged64": 1.05, "paged16": 1.25, "tokens": 1.25}
+
+_COLUMNS = ["precision", "q_len", "causal", "layout", "shapes", "vs_contiguous", "min", "max", "worst_shape", "goal",
+            "met", "run", "contiguous_run", "same_run"]  # fmt: skip
+
+
+def _newest_covering(d: pd.DataFrame, shapes: set[tuple[int, int]]) -> tuple[str, pd.Series] | None:
+    """(run, µs indexed by (batch, kv_len)) of the newest run (date, then name) of `d` (one case's default Triton rows
+    of one precision) whose rows cover `shapes`; None where no run does."""
+    best = None
+    for run, r in d.groupby("run", sort=False):
+        have = set(zip(r["batch"].astype(int), r["kv_len"].astype(int)))
+        if shapes <= have:
+            key = (str(r["date"].astype(str).max()) if "date" in r else "", natural_key(str(run)))
+            if best is None or key > best[0]:
+                us = r.assign(shape=list(zip(r["batch"].astype(int), r["kv_len"].astype(int))))
+                best = (key, str(run), us.drop_duplicates("shape").set_index("shape")["us_median"])
+    return None if best is None else (best[1], best[2])
+
+
+def layout_costs(df: pd.DataFrame, *, gpu: str = REFERENCE_GPU,
+                 shapes: Sequence[tuple[int, int]] = COMPETITION_SHAPES) -> pd.DataFrame:  # fmt: skip
+    """One row per (precision, q_len, causal, layout other than contiguous) recorded on `gpu` with Triton's default
+    rows at every one of `shapes` (default the 12 competition shapes) on both sides: ``vs_contiguous`` the geomean of
+    our time / our contiguous time over `shapes`, ``min`` / ``max`` / ``worst_shape`` by shape, ``goal`` and ``met``
+    (`LAYOUT_GOALS`, a8w8; None where the issue sets none), the two runs read and whether they are one (``same_run``).
+    Cases whose runs cover fewer shapes are left out (say so by asking for fewer `shapes`)."""
+    df = _check_df(df)
+    if not isinstance(gpu, str):
+        raise TypeError(f"gpu must be a str (e.g. {REFERENCE_GPU!r}), got {type(gpu).__name__}")
+    want = [tuple(s) for s in shapes] if isinstance(shapes, (list, tuple)) else None
+    if not want or not all(len(s) == 2 and all(isinstance(v, int) and v >= 1 for v in s) for s in want):
+        raise ValueError(f"shapes must be a non-empty list of (batch, kv_len) pairs of ints >= 1, got {shapes!r}")
+    shape_set = set(want)
+    d = df[(df["backend"] == "triton") & (df["gpu"].astype(str) == gpu)] if "gpu" in df else df.iloc[0:0]
+    if d.empty:
+        gpus = sorted(df["gpu"].astype(str).unique()) if "gpu" in df else []
+        raise ValueError(f"gpu {gpu!r} has no Triton records; recorded GPUs: {', '.join(gpus) or 'none'}")
+    d = _default_rows(d, None)
+    rows = []
+    cases = sorted({(str(p), int(q), bool(c), str(lay)) for p, q, c, lay in
+                    zip(d["precision"], d["q_len"], d["causal"], d["layout"]) if lay != "contiguous"})  # fmt: skip
+    for prec, q_len, causal, layout in cases:
+        mine = case_rows(d[d["precision"] == prec], q_len, layout, causal)
+        contiguous = case_rows(d[d["precision"] == prec], q_len, "contiguous", causal)
+        side = _newest_covering(mine, shape_set)
+        if side is None:
+            continue
+        run, us = side
+        same = contiguous[contiguous["run"] == run]
+        base = _newest_covering(same, shape_set) or _newest_covering(contiguous, shape_set)
+        if base is None:
+            continue
+        base_run, base_us = base
+        ratio = {s: float(us[s]) / float(base_us[s]) for s in want}
+        geo = math.exp(sum(math.log(v) for v in ratio.values()) / len(ratio))
+        worst = max(ratio, key=ratio.__getitem__)
+        goal = LAYOUT_GOALS.get(layout) if prec == "a8w8" else None
+        rows.append([prec, q_len, causal, layout, len(want), geo, min(ratio.values()), ratio[worst],
+                     f"{worst[0]}x{worst[1]}", goal, None if goal is None else geo <= goal, run, base_run,
+                     base_run == run])  # fmt: skip
+    return pd.DataFrame(rows, columns=_COLUMNS)

@@ -29,6 +29,7 @@ from ..records.timings import (
     TIMINGS_DIR,
     RecordedView,
     default_run,
+    layout_costs,
     load_recorded,
     plan_of_record,
     record_for_shape,
@@ -84,6 +85,26 @@ def _check_df(df: object) -> pd.DataFrame:
     return df
 
 
+def _layout_cost_html(costs: pd.DataFrame, precision: str, case: tuple[int, str, bool], gpu: str) -> str:
+    """One sentence: what the chosen layout costs against our contiguous cache on `gpu` (`layout_costs`), or why it
+    cannot be said; empty for the contiguous layout."""
+    q_len, layout, causal = case
+    if layout == "contiguous":
+        return ""
+    pick = costs[(costs["precision"] == precision) & (costs["q_len"] == q_len) & (costs["layout"] == layout)
+                 & (costs["causal"] == causal)] if len(costs) else costs  # fmt: skip
+    if pick.empty:
+        return (f"<p><b>What {layout} costs:</b> <i>no {gpu} runs of {layout} and of the contiguous cache at "
+                f"{precision}, q_len {q_len} cover the 12 competition shapes</i></p>")  # fmt: skip
+    r = pick.iloc[0]
+    goal = "" if r["goal"] is None or pd.isna(r["goal"]) else (
+        f"; the layouts issue's goal ≤ {r['goal']:.2f}×: {'met' if r['met'] else 'not met'}")  # fmt: skip
+    runs = f"both from {r['run']}" if r["same_run"] else f"{r['run']} against {r['contiguous_run']} (two runs)"
+    return (f"<p><b>What {layout} costs on {gpu}:</b> our {precision} time is {r['vs_contiguous']:.3f}× our contiguous"
+            f" time (geomean of the 12 competition shapes; {r['min']:.2f}–{r['max']:.2f}× by shape, worst "
+            f"{r['worst_shape']}{goal}); {runs}.</p>")  # fmt: skip
+
+
 def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
     """Backends / precision / planner / run controls over the recorded timings (`df`; default: data/timings and
     data/layouts). Default view: ONE run (the newest full suite run) with Triton at its default config; the "best of
@@ -118,10 +139,19 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
     bars, bw = go.FigureWidget(), go.FigureWidget()
     busy = BusyIndicator()
     shown: dict[str, object] = {"rows": None, "stem": "timings"}
+    costs: dict[str, pd.DataFrame] = {}  # layout_costs per GPU, computed when first asked for
 
     def refresh(*_: object) -> None:
         with busy("reading the recorded timings"):
             _refresh()
+
+    def cost_html(gpu: str) -> str:
+        if gpu not in costs:
+            try:
+                costs[gpu] = layout_costs(df, gpu=gpu)
+            except ValueError:
+                costs[gpu] = pd.DataFrame()
+        return _layout_cost_html(costs[gpu], precision.value, layout.value, gpu)
 
     def _refresh() -> None:
         run.disabled = best.value
@@ -173,6 +203,7 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
             html += "<b>which run · planner · config won each shape</b>" + winners_table(view, series).round(1).to_html(
                 index=False
             )
+        html = cost_html(gpu) + html
         table.value = f"<div style='overflow-x:auto;max-width:100%'>{html}</div>" if html else ""
 
     for w in (backends, precision, planner, run, best, layout):
