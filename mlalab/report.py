@@ -45,9 +45,9 @@ from .plots.experiments import (
 )
 from .plots.frontier import bytes_floor_figure, frontier_figure
 from .plots.splitkv import cu_load_figure, work_map_figure
-from .plots.timing import bandwidth_figure, bars_per_shape
+from .plots.timing import bandwidth_figure, bars_per_shape, layout_cost_figure
 from .records.ab import list_experiments, load_experiment
-from .records.timings import load_recorded, recorded_view
+from .records.timings import REFERENCE_GPU, layout_costs, load_recorded, recorded_view
 
 __all__ = [
     "ReportOptions",
@@ -209,6 +209,30 @@ def section_timings(opts: ReportOptions) -> Section:
     return Section(key, title, desc, figs, source="mlalab.records.timings.recorded_view, mlalab.plots.timing")
 
 
+def section_layouts(opts: ReportOptions) -> Section:
+    key, title = "layouts", "What each decode layout costs (recorded)"
+    desc = (
+        "Our default Triton time on a paged cache (pages of 64 or 16 tokens, random page table) or a token table "
+        "(random slots of a pool 4× the batch) over our time on a contiguous cache, geomean of the 12 competition "
+        "shapes, per precision and q_len (data/layouts and data/timings, not measured now). Each side is one run, the "
+        "newest covering the 12 shapes; where the contiguous side is another run, two processes' times are compared."
+    )
+    try:
+        df = load_recorded((str(opts.data_dir / "timings"), str(opts.data_dir / "layouts")))
+    except FileNotFoundError as e:
+        return _unavailable(key, title, desc, f"no timing CSV in data/timings or data/layouts ({type(e).__name__})")
+    gpus = sorted(df["gpu"].astype(str).unique(), key=lambda g: g != REFERENCE_GPU)  # the reference GPU first
+    for gpu in gpus:
+        costs = layout_costs(df, gpu=gpu)
+        if costs.empty:
+            continue
+        desc += f" Device: {gpu}; runs: {', '.join(sorted(set(costs['run']) | set(costs['contiguous_run'])))}."
+        table = costs.drop(columns=["shapes"]).round(3).to_html(index=False, na_rep="")
+        src = "mlalab.records.timings.layout_costs, mlalab.plots.timing.layout_cost_figure"
+        return Section(key, title, desc, (layout_cost_figure(costs, gpu),), table_html=table, source=src)
+    return _unavailable(key, title, desc, "no GPU has a layout run and a contiguous run covering the 12 shapes")
+
+
 def _experiment_tables(opts: ReportOptions) -> dict[str, object]:
     pdir = opts.data_dir / "ab"
     return {n: load_experiment(n, str(pdir)) for n in list_experiments(str(pdir))}
@@ -282,6 +306,7 @@ DETAIL_SECTIONS = ("experiment-details",)
 # Order of the page. Other topics register their section function here as they land.
 SECTION_BUILDERS: dict[str, SectionBuilder] = {
     "timings": section_timings,
+    "layouts": section_layouts,
     "experiments": section_experiments,
     "accuracy": section_accuracy,
     "frontier": section_frontier,

@@ -38,6 +38,7 @@ SECTION_MODULES = {
     "accuracy": "mlalab.plots.accuracy",
     "workmap": "mlalab.plots.splitkv",
     "timings": "mlalab.plots.timing",
+    "layouts": "mlalab.plots.timing",
     "experiments": "mlalab.plots.experiments",
     "frontier": "mlalab.plots.frontier",
 }

@@ -316,3 +316,26 @@ def test_layout_costs_pick_covering_runs_and_refuse_bad_input(tmp_path) -> None:
     for bad in ([], [(4,)], [(4, 0)], "4x1024"):
         with pytest.raises(ValueError, match="shapes must be a non-empty list"):
             layout_costs(df, gpu="G", shapes=bad)  # type: ignore[arg-type]
+
+
+def test_layout_cost_figure_draws_the_table() -> None:
+    """One bar per (precision, layout, q_len) at its geomean with whiskers to the best and worst shape, the goals as
+    lines; an empty or foreign table is refused."""
+    import pandas as pd
+
+    from mlalab.plots.timing import layout_cost_figure
+    from mlalab.records.timings import layout_costs
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    costs = layout_costs(load_recorded((TIMINGS_DIR, LAYOUTS_DIR)), gpu=gpu)
+    fig = layout_cost_figure(costs, gpu)
+    a8 = next(t for t in fig.data if t.name == "a8w8")
+    want = costs[costs["precision"] == "a8w8"].sort_values(["layout", "q_len", "causal"], kind="stable")
+    assert list(a8.y) == list(want["vs_contiguous"]) and "tokens · q_len 4" in list(a8.x)
+    assert list(a8.error_y.array) == pytest.approx(list(want["max"] - want["vs_contiguous"]))
+    goals = {round(s.y0, 2) for s in fig.layout.shapes if s.line.dash == "dash"}
+    assert goals == {1.05, 1.25} and gpu in fig.layout.title.text
+    with pytest.raises(ValueError, match="costs is empty"):
+        layout_cost_figure(costs.iloc[0:0], gpu)
+    with pytest.raises(TypeError, match="costs must be the DataFrame of layout_costs"):
+        layout_cost_figure(pd.DataFrame({"a": [1]}), gpu)

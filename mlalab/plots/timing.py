@@ -174,3 +174,34 @@ def plan_time_figures(row: pd.Series, plan: WorkPlan) -> tuple[go.Figure, go.Fig
         f"{plan.n_work} works — measured {float(row['us_median']):.1f} µs ({float(row['pct_copy']):.1f} % of copy BW)"
     )
     return work_map_figure(plan, title=title), cu_load_figure(plan)
+
+
+def layout_cost_figure(costs: pd.DataFrame, gpu: str) -> go.Figure:
+    """What each decode layout costs (`mlalab.records.timings.layout_costs` of one GPU): bars of our time / our
+    contiguous time (geomean over the shapes; whiskers: the best and worst shape), one group per layout and q_len, one
+    bar per precision; the layouts issue's goals (a8w8) as dashed lines. Hover names the two runs."""
+    need = {"precision", "q_len", "causal", "layout", "vs_contiguous", "min", "max", "goal", "run", "contiguous_run"}
+    if not isinstance(costs, pd.DataFrame) or not need <= set(costs.columns):
+        raise TypeError(f"costs must be the DataFrame of layout_costs (columns {sorted(need)})")
+    if costs.empty:
+        raise ValueError(f"costs is empty: no layout of {gpu} has runs covering the shapes on both sides")
+    d = costs.sort_values(["layout", "q_len", "causal"], kind="stable")
+    x = [f"{lay} · q_len {q}" + (" · causal" if c else "") for lay, q, c in zip(d["layout"], d["q_len"], d["causal"])]
+    d = d.assign(x=x)
+    fig = go.Figure()
+    for prec in sorted(d["precision"].unique()):
+        p = d[d["precision"] == prec]
+        fig.add_bar(x=p["x"], y=p["vs_contiguous"], name=prec, marker={"color": color_for("precision", prec)},
+                    error_y={"type": "data", "symmetric": False, "array": p["max"] - p["vs_contiguous"],
+                             "arrayminus": p["vs_contiguous"] - p["min"]},
+                    hovertext=p["run"] + " vs " + p["contiguous_run"])  # fmt: skip
+    for goal, layouts in d.dropna(subset=["goal"]).groupby("goal")["layout"]:
+        fig.add_hline(y=float(goal), line_dash="dash", line_color="gray",
+                      annotation_text=f"goal ≤ {goal:.2f}× ({', '.join(sorted(set(layouts)))}, a8w8)")  # fmt: skip
+    fig.add_hline(y=1.0, line_color="black", line_width=1)
+    order = {"categoryorder": "array", "categoryarray": list(dict.fromkeys(x))}
+    fig.update_layout(barmode="group", yaxis_title="our time / our contiguous time (geomean; whiskers: min, max)",
+                      xaxis_title="layout · q_len", xaxis=order,
+                      title=f"What a decode layout costs — {gpu}<br><sub>each side one recorded run "
+                            f"(data/layouts, data/timings)</sub>")  # fmt: skip
+    return place_title(fig)
