@@ -289,6 +289,8 @@ def test_layout_costs_are_the_recorded_runs_ratios() -> None:
 def test_layout_costs_pick_covering_runs_and_refuse_bad_input(tmp_path) -> None:  # noqa: ANN001
     """Each side is the newest run covering every shape asked for: a layout run short of a shape is left out, a
     contiguous side missing from the layout's run comes from another run (``same_run`` False)."""
+    import pandas as pd
+
     from mlalab.records.schema import TimingRecord, write_csv
     from mlalab.records.timings import layout_costs
 
@@ -309,6 +311,9 @@ def test_layout_costs_pick_covering_runs_and_refuse_bad_input(tmp_path) -> None:
     assert r["run"] == "g_new.csv" and r["contiguous_run"] == "g_old.csv" and not r["same_run"]
     assert r["vs_contiguous"] == pytest.approx(math.sqrt(1.5 * 1.9)) and r["worst_shape"] == "8x1024"
     assert layout_costs(df, gpu="G", shapes=[(4, 1024)])["layout"].tolist() == ["paged64", "tokens"]
+    twice = pd.concat([df, df[(df["run"] == "g_new.csv") & (df["layout"] == "paged64")].iloc[:1]])
+    with pytest.raises(ValueError, match=r"g_new.csv has several default Triton rows of one case at shape \(4, 1024\)"):
+        layout_costs(twice, gpu="G", shapes=shapes)
     with pytest.raises(ValueError, match="gpu 'H' has no Triton records; recorded GPUs: G"):
         layout_costs(df, gpu="H")
     with pytest.raises(TypeError, match="gpu must be a str"):

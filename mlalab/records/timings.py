@@ -411,9 +411,15 @@ def _newest_covering(d: pd.DataFrame, shapes: set[tuple[int, int]]) -> tuple[str
         if shapes <= have:
             key = (str(r["date"].astype(str).max()) if "date" in r else "", natural_key(str(run)))
             if best is None or key > best[0]:
-                us = r.assign(shape=list(zip(r["batch"].astype(int), r["kv_len"].astype(int))))
-                best = (key, str(run), us.drop_duplicates("shape").set_index("shape")["us_median"])
-    return None if best is None else (best[1], best[2])
+                best = (key, str(run), r)
+    if best is None:
+        return None
+    _, run, r = best
+    us = r.assign(shape=list(zip(r["batch"].astype(int), r["kv_len"].astype(int)))).set_index("shape")["us_median"]
+    dup = us.index[us.index.duplicated()]
+    if len(dup):
+        raise ValueError(f"{run} has several default Triton rows of one case at shape {dup[0]}: not one configuration")
+    return run, us
 
 
 def layout_costs(df: pd.DataFrame, *, gpu: str = REFERENCE_GPU,
@@ -422,7 +428,7 @@ def layout_costs(df: pd.DataFrame, *, gpu: str = REFERENCE_GPU,
     rows at every one of `shapes` (default the 12 competition shapes) on both sides: ``vs_contiguous`` the geomean of
     our time / our contiguous time over `shapes`, ``min`` / ``max`` / ``worst_shape`` by shape, ``goal`` and ``met``
     (`LAYOUT_GOALS`, a8w8; None where the issue sets none), the two runs read and whether they are one (``same_run``).
-    Cases whose runs cover fewer shapes are left out (say so by asking for fewer `shapes`)."""
+    Cases whose runs cover fewer shapes are left out (ask for fewer `shapes` to see them)."""
     df = _check_df(df)
     if not isinstance(gpu, str):
         raise TypeError(f"gpu must be a str (e.g. {REFERENCE_GPU!r}), got {type(gpu).__name__}")
