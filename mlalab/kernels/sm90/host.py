@@ -197,7 +197,7 @@ def rows_per_cta_of(
 
 def tokens(prepared: PreparedInputs) -> bool:
     """Page size 1 with a token table other than the identity: every row of a tile fetched on its own (the kernel's
-    ``TOKENS``, `stage1._copy_token_rows`)."""
+    ``TOKENS``, `tokenrows._copy_token_rows`)."""
     return prepared.page_size == 1 and not prepared.contiguous
 
 

@@ -43,7 +43,7 @@ compute can be measured (outputs wrong); ``REPORT`` prints the V loads' bank con
 Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) dims, the KV rows of a tile contiguous
 (page size 1 with the identity page table, or pages that are multiples of 64 tokens), a tile of whole pages of 16
 or 32 tokens (one TMA box per page), or 64 rows of a token table (page size 1, any table: ``TOKENS``, the ring filled
-by cp.async, `_copy_token_rows`); the last two not with fp4 KV, whose block scales are read per tile; e4m3fn codes
+by cp.async, `tokenrows`); the last two not with fp4 KV, whose block scales are read per tile; e4m3fn codes
 for fp8. A work is 1 q row (16 heads), or 2 or 4 on the fp8 path (above; `host.row_passes`, `host.rows_per_cta_of`).
 """
 
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -61,10 +60,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from triton.runtime.jit import constexpr_function
 
 from .epilogue import _store_work_natural, _store_work_vregs
 from .fp4tiles import E4M3_SHIFT, _as_words, _convert_fp4_tile, _convert_q, _load_tile_scales, _scale_buffers
+from .tokenrows import _copy_token_rows, _token_rows
 from .vpaths import _convert_tile, _p_operand, _pv_operand, _zero_tail_rows
 
 __all__ = ["BLOCK_N", "INFO_COLS", "TIMELINE_COLS", "TIMELINE_MAX", "stage1_kernel", "make_descriptors"]
@@ -72,8 +71,6 @@ __all__ = ["BLOCK_N", "INFO_COLS", "TIMELINE_COLS", "TIMELINE_MAX", "stage1_kern
 #: TMA global -> shared copy: ``async_copy_global_to_shared`` up to Triton 3.6 (the H200 machine's), renamed
 #: ``async_load`` later (3.9 on the CPU machines, which compile the kernel for sm_90 in a test).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-#: cp.async global -> shared: ``async_copy_global_to_shared`` up to 3.6, ``async_load`` later.
-_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 #: CTA-wide barrier: ``thread_barrier`` up to 3.6, ``barrier`` later.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
@@ -101,38 +98,6 @@ def _stamp(TL, col, GLOBAL: gl.constexpr = False):
     else:
         t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
     gl.store(TL + col, t)
-
-
-@constexpr_function
-def _row_copy_layout(bits, warps):  # noqa: ANN001, ANN202
-    """The layout of a cp.async of token rows of `bits`-bit values: 16 bytes a thread, 4 lanes along a row and 8 rows
-    a warp, so a warp's copy reads 64 contiguous bytes (2 sectors) of each of 8 rows, and a thread copies 2 of a
-    tile's 64 rows (their numbers: 2 registers, the same for the value and the rope dims)."""
-    bits, warps = (int(getattr(v, "value", v)) for v in (bits, warps))
-    return gl.BlockedLayout([1, 128 // bits], [8, 4], [warps, 1], [1, 0])
-
-
-@gluon.jit
-def _token_rows(rows_ptr, kn_smem, ok):
-    """The 64 KV row numbers of a token-table tile (`rows_ptr`; 0 where not `ok`) in the copies' layout
-    (`_copy_token_rows`): loaded a while before the copies are issued, so that no warp waits for them there."""
-    L: gl.constexpr = _row_copy_layout(kn_smem.dtype.primitive_bitwidth, gl.num_warps())
-    return gl.load(rows_ptr + gl.arange(0, kn_smem.shape[0], layout=gl.SliceLayout(1, L)), mask=ok, other=0)
-
-
-@gluon.jit
-def _copy_token_rows(KV, kn_smem, kr_smem, bar, rows):
-    """A tile of 64 arbitrary KV rows (`rows`: their row numbers, `_token_rows`) into one ring stage (`kn_smem` value
-    dims, `kr_smem` rope dims) by cp.async, 16 bytes a copy (`_row_copy_layout`); then each thread arrives on `bar`
-    once its copies have landed (the stage's barrier counts one arrival per thread). Hopper's TMA has no gather; a
-    row each is 64 TMA boxes (and the 128-byte swizzle does not take slices of fewer than 8 rows)."""
-    D_N: gl.constexpr = kn_smem.shape[1]
-    D_R: gl.constexpr = kr_smem.shape[1]
-    L: gl.constexpr = _row_copy_layout(kn_smem.dtype.primitive_bitwidth, gl.num_warps())
-    base = KV + (rows.to(gl.int64) * (D_N + D_R))[:, None]
-    _cp_async(kn_smem, base + gl.arange(0, D_N, layout=gl.SliceLayout(0, L))[None, :])
-    _cp_async(kr_smem, base + D_N + gl.arange(0, D_R, layout=gl.SliceLayout(0, L))[None, :])
-    async_copy.mbarrier_arrive(bar, increment_count=False)
 
 
 @gluon.jit
