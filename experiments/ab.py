@@ -8,11 +8,12 @@ Prints one table; ``--out`` writes it (data/ab/ schema: B, L, a column of µs pe
 provenance).
 
 Variants: a name of `VARIANTS` (the options a user can choose today), optionally ``@N`` for a plan of N slots (CTAs;
-without it, the backend's default plan), optionally prefixed ``before:`` to run the same options on the code of
-another commit, given with ``--before DIR``
-(DIR holds that commit's package renamed ``mlalab_before``, e.g. for the tag before the redesign:
-``git archive experiments-2026-12 mlalab | tar -x -C DIR && mv DIR/mlalab DIR/mlalab_before``); the two codes share
-the process, the GPU and the inputs (the same seeded generator).
+without it, the backend's default plan), optionally prefixed ``NAME:`` to run the same options on the code of
+another commit, the package ``mlalab_NAME`` in the folder given with ``--before DIR`` (``before:`` is
+``mlalab_before``; e.g. for the tag before the redesign:
+``git archive experiments-2026-12 mlalab | tar -x -C DIR && mv DIR/mlalab DIR/mlalab_before``). Several such
+packages in DIR let one call time several commits (``--variants auto,before:auto,colmax:auto``); the codes share the
+process, the GPU and the inputs (the same seeded generator). Only this tree's variants are checked.
 
     python experiments/ab.py --variants auto,portable --out /tmp/ab.csv
     python experiments/ab.py --before .before --variants auto,before:auto --no-check   # same speed as the old code?
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import re
 import sys
 import time
 from typing import Any
@@ -76,50 +78,54 @@ VARIANTS: dict[str, dict[str, Any]] = {
 _BEFORE_NAMES = {"kernel": {"sm90": "hopper"}}
 
 
-def variant(name: str) -> tuple[bool, int | None, dict[str, Any]]:
-    """``(before, plan slots, options)`` of a variant name (see the module docstring); slots None: the backend's
-    default plan (its code's own rule: e.g. SMs // q_len slots where a CTA runs one q row)."""
-    before, _, rest = name.rpartition(":")
-    if before not in ("", "before"):
-        raise SystemExit(f"unknown prefix {before!r} in {name!r}: only 'before:'")
+def variant(name: str) -> tuple[str | None, int | None, dict[str, Any]]:
+    """``(package, plan slots, options)`` of a variant name (see the module docstring): package None for this tree's
+    code, else ``mlalab_NAME`` of a ``NAME:`` prefix; slots None: the backend's default plan (its code's own rule:
+    e.g. SMs // q_len slots where a CTA runs one q row)."""
+    prefix, _, rest = name.rpartition(":")
+    if prefix and not re.fullmatch(r"[a-z][a-z0-9_]*", prefix):
+        raise SystemExit(f"bad prefix {prefix!r} in {name!r}: NAME: of a package mlalab_NAME (lower case, digits, _)")
     base, _, slots = rest.partition("@")
     if base not in VARIANTS:
-        raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots, before:)")
-    return before == "before", (int(slots) if slots else None), dict(VARIANTS[base])
+        raise SystemExit(f"unknown variant {base!r}; valid: {', '.join(VARIANTS)} (each optionally @slots, NAME:)")
+    if slots and not (slots.isdigit() and int(slots) >= 1):
+        raise SystemExit(f"bad plan slots {slots!r} in {name!r}: @N with N >= 1")
+    return (f"mlalab_{prefix}" if prefix else None), (int(slots) if slots else None), dict(VARIANTS[base])
 
 
-def _before_module(name: str) -> Any:
+def _other_module(package: str, name: str) -> Any:
     try:
-        return importlib.import_module(f"mlalab_before.{name}")
+        return importlib.import_module(f"{package}.{name}")
     except ImportError as e:
-        raise SystemExit(
-            f"a before: variant needs --before DIR holding the old package as mlalab_before: {e}"
-        ) from None
+        raise SystemExit(f"a {package[len('mlalab_') :]}: variant needs --before DIR holding {package}: {e}") from None
 
 
 def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, causal: bool = False,
               layout: str = "contiguous") -> Any:  # fmt: skip
     """``call(i)`` of variant `name` at B x L x q_len with the KV in `layout` (its own inputs: the same seeded
     generator in either code)."""
-    before, slots, opts = variant(name)
-    if not before:
+    package, slots, opts = variant(name)
+    if package is None:
         x = case_inputs(B, L, q_len, layout, causal).to("cuda")
         return make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
-    old_triton = _before_module("backends.triton")
+    old_triton = _other_module(package, "backends.triton")
     if layout == "contiguous":  # (any commit's inputs; case_inputs exists from the layouts work on)
-        old_inputs, old_config = _before_module("inputs"), _before_module("config")
+        old_inputs, old_config = _other_module(package, "inputs"), _other_module(package, "config")
         x = old_inputs.make_inputs(old_config.DecodeCase.uniform(B, L, q_len=q_len)).to("cuda")
     else:
-        x = _before_module("timing").case_inputs(B, L, q_len, layout).to("cuda")
-    old = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
-    return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **old)[0]
+        x = _other_module(package, "timing").case_inputs(B, L, q_len, layout).to("cuda")
+    try:
+        return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
+    except (TypeError, ValueError):  # a commit before the redesign named some options otherwise
+        old = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
+        return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **old)[0]
 
 
 def check(name: str, sms: int, precision: str, q_len: int = 1, causal: bool = False,
           layout: str = "contiguous") -> bool:  # fmt: skip
-    before, slots, opts = variant(name)
+    package, slots, opts = variant(name)
     slots = slots or sms
-    if before:  # (the old code is checked by its own tests at its commit; here it is only timed)
+    if package is not None:  # (another commit's code is checked by its own tests at its commit; here only timed)
         return True
     block = opts.pop("plan_block", None)
     ok = True
@@ -164,7 +170,7 @@ def main() -> None:
     ap.add_argument("--peers", default="flashmla", help="peer backends timed beside, comma-separated; 'none': none")
     ap.add_argument("--shapes", default=None, help="e.g. 4x1024,128x8192 (default: the 12 competition shapes)")
     ap.add_argument("--precision", default="a8w8", choices=[p.value for p in PRECISIONS])
-    ap.add_argument("--before", default=None, help="a folder holding another commit's package as mlalab_before")
+    ap.add_argument("--before", default=None, help="a folder holding other commits' packages as mlalab_NAME")
     ap.add_argument("--q-len", type=int, default=1, help="query rows a request (speculative decode; default 1)")
     ap.add_argument("--causal", action="store_true", help="speculative verification's causal mask (with --q-len)")
     ap.add_argument(
@@ -179,7 +185,7 @@ def main() -> None:
     shapes = COMPETITION_SHAPES if not a.shapes else [tuple(int(t) for t in s.split("x")) for s in a.shapes.split(",")]
     shapes = sorted(shapes, key=lambda s: (s[1], s[0]))
     for n in names:  # unknown names fail first, on any machine
-        if variant(n)[0] and a.causal:
+        if variant(n)[0] is not None and a.causal:
             raise SystemExit(f"--causal: {n} runs another commit's code, which may not know the causal mask")
     if a.before:
         sys.path.insert(0, a.before)

@@ -9,7 +9,8 @@
 # (`git archive main mlalab | tar -x -C .before && mv .before/mlalab .before/mlalab_before`); `git rev-parse HEAD >
 # .head`; then carry .whl, .head and .before.
 # Knobs (env): Q_LENS ("4 2"), CAUSAL_Q_LENS (q_lens also timed under the causal mask, ab_q*_causal.csv; none),
-# SHAPES (6 of the competition's), PRECISION (a8w8), AB_S (seconds a q_len, 110), VARIANTS (auto,before:auto),
+# SHAPES (6 of the competition's), PRECISION (a8w8), AB_S (seconds a q_len, 110), VARIANTS (auto,before:auto; NAME:auto
+# times .before/mlalab_NAME, so one call can time several commits),
 # TEST_K (a -k expression over tests/test_sm90_kernel.py; empty: none), END_S (585; 0: stop after the tests).
 T0=$(date +%s); END=${END_S:-585}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

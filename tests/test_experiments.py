@@ -178,3 +178,22 @@ def test_experiments_are_listed_by_date_whatever_the_device(tmp_path: Path) -> N
     assert list_experiments(str(tmp_path)) == [
         "h200_2026-12-02_a9.csv", "h200_2026-12-02_a10.csv", "h100_2026-12-06_b.csv", "h200_2026-12-10_c.csv"
     ]  # fmt: skip
+
+
+def test_ab_variant_names_pick_the_code_and_refuse_bad_names() -> None:
+    """experiments/ab.py: ``NAME:`` runs the package mlalab_NAME (``before:`` mlalab_before), ``@N`` a plan of N
+    slots; a bad prefix, an unknown variant or bad slots stop it before anything runs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ab", Path(__file__).resolve().parent.parent / "experiments" / "ab.py"
+    )
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)  # type: ignore[union-attr]
+    assert ab.variant("auto") == (None, None, {})
+    assert ab.variant("before:auto@132") == ("mlalab_before", 132, {})
+    assert ab.variant("colmax:rows-off") == ("mlalab_colmax", None, {"side_by_side": "off"})
+    for bad, msg in (("Col-max:auto", "bad prefix"), ("fast", "unknown variant"), ("auto@0", "bad plan slots"),
+                     ("auto@x", "bad plan slots")):  # fmt: skip
+        with pytest.raises(SystemExit, match=msg):
+            ab.variant(bad)
