@@ -490,6 +490,45 @@ def _peaked(x):  # noqa: ANN001, ANN202
     return dataclasses.replace(x, q=(x.q.float() * 3).to(x.q.dtype))
 
 
+_NAN_CODE = {True: (torch.uint8, 0x7F), False: (torch.int16, 0x7FC0)}  # fp8 KV: e4m3 NaN; 16-bit: bf16 NaN
+
+
+def _nan_in_unused_page_slots(x, p):  # noqa: ANN001, ANN202
+    """(`p` with NaN codes in the unused slots of every request's last page, a clean copy of `p`): a kernel that lets
+    a slot past a request's end reach the output shows."""
+    clean = dataclasses.replace(p, kv=p.kv.clone())
+    page = x.page_size
+    kv = p.kv.view(-1, page, p.kv.shape[-1])
+    code_type, nan_code = _NAN_CODE[p.spec.kv_fp8]
+    pages = x.kv_indices.long()
+    for b in range(x.batch):
+        s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
+        if e > s:
+            kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(code_type).fill_(nan_code)
+    return p, clean
+
+
+def _in_a_token_pool(x, factor: int = 4, seed: int = 5):  # noqa: ANN001, ANN202
+    """`x` (page size 1) with each token moved to a random slot of a pool `factor` times the batch's KV, and the
+    pool's slots the batch does not use (a bool mask over the pool, to fill with NaN once quantised)."""
+    n = x.kv_buffer.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(factor * n, generator=g)[:n]  # token t of the batch lives in pool slot slots[t]
+    pool = (torch.randn((factor * n, *x.kv_buffer.shape[1:]), generator=g) * 3).to(x.kv_buffer.dtype)
+    pool[slots] = x.kv_buffer
+    unused = torch.ones(factor * n, dtype=torch.bool)
+    unused[slots] = False
+    return dataclasses.replace(x, kv_buffer=pool, kv_indices=slots[x.kv_indices.long()].to(torch.int32)), unused
+
+
+def _nan_in_unused_pool_slots(p, unused):  # noqa: ANN001, ANN202
+    """(`p` with NaN codes in the pool slots `unused`, a clean copy of `p`)."""
+    clean = dataclasses.replace(p, kv=p.kv.clone())
+    code_type, nan_code = _NAN_CODE[p.spec.kv_fp8]
+    p.kv.view(code_type)[unused.to(p.kv.device)] = nan_code
+    return p, clean
+
+
 def _check(p, plan, clean=None, config=None, *, peaked: bool = False, lse_rtol: float = 0.0,  # noqa: ANN001
            rows: int | None = None) -> float:  # fmt: skip
     """Run the sm_90 decoder on `p` (outputs poisoned first) and compare with the tiled oracle of its path on the
@@ -573,17 +612,8 @@ def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: st
     lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
     x = _peaked(make_inputs(DecodeCase(kv_lens=lens, page_size=page, permute_pages=True, seed=9, dist="unit")))
     x = x.to("cuda")
-    p = prepare(x, precision)
-    assert not p.contiguous
-    clean = dataclasses.replace(p, kv=p.kv.clone())
-    # the unused slots of every last page hold NaN: the kernel must never let them reach the output
-    kv = p.kv.view(-1, page, p.kv.shape[-1])
-    code_type, nan_code = (torch.uint8, 0x7F) if p.spec.kv_fp8 else (torch.int16, 0x7FC0)
-    pages = x.kv_indices.long()
-    for b in range(len(lens)):
-        s, e = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
-        if e > s:
-            kv[pages[e - 1], int(x.kv_last_page_len[b]) :].view(code_type).fill_(nan_code)
+    assert not prepare(x, precision).contiguous
+    p, clean = _nan_in_unused_page_slots(x, prepare(x, precision))
     assert torch.isnan(p.kv.float()).any()
     knobs = {"block": 1} if planner == "simple" else {}
     plan = build_plan(x, planner, 132, **knobs)
@@ -604,24 +634,47 @@ def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: st
     from mlalab.backends.triton import build_plan
 
     lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
-    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=1, seed=9, dist="unit")))
-    n = x.kv_buffer.shape[0]
-    g = torch.Generator().manual_seed(5)
-    slots = torch.randperm(4 * n, generator=g)[:n]  # token t of the batch lives in pool slot slots[t]
-    pool = (torch.randn((4 * n, *x.kv_buffer.shape[1:]), generator=g) * 3).to(x.kv_buffer.dtype)
-    pool[slots] = x.kv_buffer
-    x = dataclasses.replace(x, kv_buffer=pool, kv_indices=slots[x.kv_indices.long()].to(torch.int32)).to("cuda")
-    p = prepare(x, precision)
-    assert host.tokens(p)
-    unused = torch.ones(4 * n, dtype=torch.bool)
-    unused[slots] = False
-    clean = dataclasses.replace(p, kv=p.kv.clone())
-    code_type, nan_code = (torch.uint8, 0x7F) if p.spec.kv_fp8 else (torch.int16, 0x7FC0)
-    p.kv.view(code_type)[unused.cuda()] = nan_code
+    x, unused = _in_a_token_pool(_peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=1, seed=9,
+                                                                 dist="unit"))))  # fmt: skip
+    x = x.to("cuda")
+    assert host.tokens(prepare(x, precision))
+    p, clean = _nan_in_unused_pool_slots(prepare(x, precision), unused)
     plan = build_plan(x, planner, 132 // q_len)
     for side in ("on", "off") if q_len > 1 else ("auto",):  # (kernel "auto": it must pick sm_90)
         rows = q_len if precision == "a8w8" and side == "on" else 1
         _check(p, plan, clean, peaked=True, config=KernelConfig(side_by_side=side), rows=rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("q_len", [1, 2, 4])
+@pytest.mark.parametrize("layout", ["paged64", "paged16", "tokens"])
+@pytest.mark.parametrize("precision", list(PATHS))
+def test_gpu_every_planner_layout_q_len_and_precision(precision: str, layout: str, q_len: int) -> None:
+    """The layouts issue's matrix: every planner x layout (random page tables of 64 and 16 tokens, a token table into a
+    pool 4x the batch) x q_len 1 / 2 / 4 x precision, on a ragged batch with an empty request and one of q_len tokens,
+    NaN codes in every unused page or pool slot, outputs poisoned; a8w8 at q_len 2 / 4 with the q rows side by side
+    and one a CTA."""
+    from mlalab.backends.triton import build_plan
+
+    page = {"paged64": 64, "paged16": 16, "tokens": 1}[layout]
+    lens = (*ragged_kv_lens(5, 700, seed=11), 0, 1500, q_len)
+    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=page, permute_pages=page > 1, seed=12,
+                                       dist="unit")))  # fmt: skip
+    if layout == "tokens":
+        x, unused = _in_a_token_pool(x)
+        x = x.to("cuda")
+        p, clean = _nan_in_unused_pool_slots(prepare(x, precision), unused)
+    else:
+        x = x.to("cuda")
+        p, clean = _nan_in_unused_page_slots(x, prepare(x, precision))
+    assert not p.contiguous and torch.isnan(p.kv.float()).any()
+    for planner in PLANNERS:
+        knobs = {"block": 1} if planner == "simple" else {}
+        plan = build_plan(x, planner, 132 // q_len, **knobs)
+        for side in ("on", "off") if q_len > 1 and precision == "a8w8" else ("auto",):
+            rows = q_len if side == "on" else 1
+            _check(p, plan, clean, peaked=True, config=KernelConfig(side_by_side=side), rows=rows)
 
 
 @pytest.mark.gpu
