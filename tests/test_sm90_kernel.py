@@ -339,15 +339,21 @@ def _compile_env(triton_copy: str) -> dict[str, str]:
     return env
 
 
-def _compile_rows(body: str, triton_copy: str) -> tuple[str, list[list[str]]]:
-    """Run a compile script in a subprocess; its stdout and the fields of its lines that start with ``R``."""
-    code = f"import sys; sys.path.insert(0, {ROOT!r})\nimport triton; print('V', triton.__version__)\n" + body
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200,
-                       env=_compile_env(triton_copy))  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
+def _compile_rows(body: str, triton_copy: str, shards: int = 1) -> tuple[str, list[list[str]]]:
+    """Run a compile script in `shards` concurrent subprocesses (shard i of n sees ``SHARD, NSHARD = i, n``: a script
+    that compiles a list of builds takes ``builds[SHARD::NSHARD]``); their stdout and the fields of its lines that
+    start with ``R``."""
+    head = f"import sys; sys.path.insert(0, {ROOT!r})\nimport triton; print('V', triton.__version__)\n"
+    procs = [subprocess.Popen([sys.executable, "-c", f"{head}SHARD, NSHARD = {i}, {shards}\n{body}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_compile_env(triton_copy))
+             for i in range(shards)]  # fmt: skip
+    outs = [p.communicate(timeout=1200) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    stdout = "".join(o for o, _ in outs)
     if triton_copy == "h200":
-        assert "V 3.6." in r.stdout, r.stdout[:200]
-    return r.stdout, [ln.split() for ln in r.stdout.splitlines() if ln.startswith("R ")]
+        assert "V 3.6." in stdout, stdout[:200]
+    return stdout, [ln.split() for ln in stdout.splitlines() if ln.startswith("R ")]
 
 
 @pytest.mark.skipif(NO_GLUON is not None, reason=str(NO_GLUON))
@@ -391,7 +397,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "runs += [('v-regs', m, 2, 0, 0, None, None, rw, True) for m in (False, True) for rw in (2, 4)]  # causal\n"
         "runs += [('v-regs', True, fb, 0, 0, None, 1, rw, c) for fb in (None, 2) for rw in (2, 4)\n"
         "         for c in (False, True)]  # q rows side by side on a token table\n"
-        "for path, mask, fb, tl, ab, prec, pg, rw, causal in runs:\n"
+        "for path, mask, fb, tl, ab, prec, pg, rw, causal in runs[SHARD::NSHARD]:\n"
         "    r = compile_stage1(path, mask_tail=mask, first_burst=fb, timeline=bool(tl), ablate=ab, precision=prec,\n"
         "                       page=pg, rows=rw, causal=causal)\n"
         "    gmma = sum(n for k, n in r.sass.items() if 'GMMA' in k)\n"
@@ -400,7 +406,7 @@ def test_stage1_compiles_for_sm90_as_launched(triton_copy: str) -> None:
         "          ','.join(map(str, r.bank_conflicts)) or '-', gmma, r.sass.get('STG.E.64', 0),\n"
         "          r.sass.get('MUFU.LG2', 0), rw, pg or 0, spills_in_tile_loop(r.listing))\n"
     )
-    out, rows = _compile_rows(body, triton_copy)
+    out, rows = _compile_rows(body, triton_copy, shards=max(1, min(4, os.cpu_count() or 1)))  # (53 builds)
     assert len(rows) == 53, out
     for _, path, _m, _fb, _tl, ab, regs, stack, local, shared, conflicts, gmma, stg64, lg2, rw, pg, inloop in rows:
         assert int(regs) <= 255 and int(shared) <= 227 * 1024, out
