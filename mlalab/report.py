@@ -47,7 +47,7 @@ from .plots.frontier import bytes_floor_figure, frontier_figure
 from .plots.splitkv import cu_load_figure, work_map_figure
 from .plots.timing import bandwidth_figure, bars_per_shape, layout_cost_figure
 from .records.ab import list_experiments, load_experiment
-from .records.timings import REFERENCE_GPU, layout_costs, load_recorded, recorded_view
+from .records.timings import layout_costs_by_gpu, load_recorded, recorded_view
 
 __all__ = [
     "ReportOptions",
@@ -221,16 +221,17 @@ def section_layouts(opts: ReportOptions) -> Section:
         df = load_recorded((str(opts.data_dir / "timings"), str(opts.data_dir / "layouts")))
     except FileNotFoundError as e:
         return _unavailable(key, title, desc, f"no timing CSV in data/timings or data/layouts ({type(e).__name__})")
-    gpus = sorted(df["gpu"].astype(str).unique(), key=lambda g: g != REFERENCE_GPU)  # the reference GPU first
-    for gpu in gpus:
-        costs = layout_costs(df, gpu=gpu)
-        if costs.empty:
-            continue
-        desc += f" Device: {gpu}; runs: {', '.join(sorted(set(costs['run']) | set(costs['contiguous_run'])))}."
-        table = costs.drop(columns=["shapes"]).round(3).to_html(index=False, na_rep="")
-        src = "mlalab.records.timings.layout_costs, mlalab.plots.timing.layout_cost_figure"
-        return Section(key, title, desc, (layout_cost_figure(costs, gpu),), table_html=table, source=src)
-    return _unavailable(key, title, desc, "no GPU has a layout run and a contiguous run covering the 12 shapes")
+    try:
+        by_gpu = layout_costs_by_gpu(df)
+    except ValueError as e:  # (a run with two default rows of one case and shape)
+        return _unavailable(key, title, desc, f"the recorded layout runs do not read as one configuration each: {e}")
+    if not by_gpu:
+        return _unavailable(key, title, desc, "no GPU has a layout run and a contiguous run covering the 12 shapes")
+    gpu, costs = next(iter(by_gpu.items()))  # the reference GPU where it has them
+    desc += f" Device: {gpu}; runs: {', '.join(sorted(set(costs['run']) | set(costs['contiguous_run'])))}."
+    table = costs.drop(columns=["shapes"]).round(3).to_html(index=False, na_rep="")
+    src = "mlalab.records.timings.layout_costs, mlalab.plots.timing.layout_cost_figure"
+    return Section(key, title, desc, (layout_cost_figure(costs, gpu),), table_html=table, source=src)
 
 
 def _experiment_tables(opts: ReportOptions) -> dict[str, object]:

@@ -263,7 +263,7 @@ def test_layout_costs_are_the_recorded_runs_ratios() -> None:
     CSVs' Triton rows at the 12 shapes (computed here from the files), the goal only for a8w8."""
     import pandas as pd
 
-    from mlalab.records.timings import LAYOUT_GOALS, layout_costs
+    from mlalab.records.timings import LAYOUT_GOALS, layout_costs, layout_costs_by_gpu
 
     df = load_recorded((TIMINGS_DIR, LAYOUTS_DIR))
     t = layout_costs(df, gpu="NVIDIA H100 80GB HBM3")
@@ -284,6 +284,10 @@ def test_layout_costs_are_the_recorded_runs_ratios() -> None:
     assert row["max"] == pytest.approx(ratio.max(), rel=1e-12) and row["goal"] == LAYOUT_GOALS["tokens"]
     assert bool(row["met"]) == (row["vs_contiguous"] <= row["goal"])
     assert t.loc[t["precision"] != "a8w8", "goal"].isna().all()  # no goal for bf16 and a16w8
+    # every GPU with a non-empty table (today the H100 alone), skipping GPUs that only peers ran on
+    peer_only = pd.concat([df, df[df["backend"] == "flashmla"].iloc[:1].assign(gpu="a GPU of peers only")])
+    by_gpu = layout_costs_by_gpu(peer_only)
+    assert list(by_gpu) == ["NVIDIA H100 80GB HBM3"] and by_gpu["NVIDIA H100 80GB HBM3"].equals(t)
 
 
 def test_layout_costs_pick_covering_runs_and_refuse_bad_input(tmp_path) -> None:  # noqa: ANN001

@@ -95,7 +95,7 @@ def summarise_recorded(data_dir: str | None = None, *, best_of_all: bool = False
 def summarise_layout_costs(data_dirs: tuple[str, ...] | None = None) -> int:
     """Print `mlalab.records.timings.layout_costs` for every GPU with recorded layout runs (data/layouts and
     data/timings by default)."""
-    from ..records.timings import LAYOUTS_DIR, TIMINGS_DIR, layout_costs, load_recorded
+    from ..records.timings import LAYOUTS_DIR, TIMINGS_DIR, layout_costs_by_gpu, load_recorded
 
     try:
         df = load_recorded(data_dirs or (TIMINGS_DIR, LAYOUTS_DIR))
@@ -104,15 +104,11 @@ def summarise_layout_costs(data_dirs: tuple[str, ...] | None = None) -> int:
         return 1
     print("our default Triton time / our contiguous time, geomean over the 12 competition shapes (each side one run;")
     print("same_run False: the contiguous side is another run's); goal: the layouts issue's, a8w8")
-    shown = 0
-    for gpu in sorted(df["gpu"].astype(str).unique()):
-        t = layout_costs(df, gpu=gpu)
-        if t.empty:
-            continue
-        shown += 1
+    costs = layout_costs_by_gpu(df)
+    for gpu, t in costs.items():
         print(f"\n{gpu}:")
         print(t.drop(columns=["shapes"]).round(3).to_string(index=False))
-    if not shown:
+    if not costs:
         print("no GPU has a layout run and a contiguous run covering the 12 competition shapes")
     return 0
 

@@ -28,7 +28,7 @@ __all__ = ["TIMINGS_DIR", "LAYOUTS_DIR", "DEFAULT_PLANNER", "load_recorded", "wi
            "RecordedView", "recorded_view", "as_view", "series_rows", "best_per_shape", "speedup_table",
            "winners_table", "headline", "fastest_record", "record_for_shape", "plan_of_record", "plan_check",
            "REFERENCE_GPU", "full_runs",
-           "PRE_ONE_WAVE_RUNS", "LAYOUT_GOALS", "layout_costs"]  # fmt: skip
+           "PRE_ONE_WAVE_RUNS", "LAYOUT_GOALS", "layout_costs", "layout_costs_by_gpu"]  # fmt: skip
 
 TIMINGS_DIR = os.path.join(DATA_ROOT, "timings")
 #: Timings of other decode layouts (q_len > 1, paged caches, token tables) against our contiguous cache and the peers:
@@ -464,3 +464,13 @@ def layout_costs(df: pd.DataFrame, *, gpu: str = REFERENCE_GPU,
                      f"{worst[0]}x{worst[1]}", goal, None if goal is None else geo <= goal, run, base_run,
                      base_run == run])  # fmt: skip
     return pd.DataFrame(rows, columns=_COLUMNS)
+
+
+def layout_costs_by_gpu(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """`layout_costs` of every GPU with Triton records whose table is not empty, the reference GPU first, then by
+    name (what the CLI, the report and the timing panel show)."""
+    df = _check_df(df)
+    if "gpu" not in df:
+        return {}
+    gpus = sorted(df.loc[df["backend"] == "triton", "gpu"].astype(str).unique(), key=lambda g: (g != REFERENCE_GPU, g))
+    return {g: t for g in gpus if not (t := layout_costs(df, gpu=g)).empty}

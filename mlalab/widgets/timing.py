@@ -29,7 +29,7 @@ from ..records.timings import (
     TIMINGS_DIR,
     RecordedView,
     default_run,
-    layout_costs,
+    layout_costs_by_gpu,
     load_recorded,
     plan_of_record,
     record_for_shape,
@@ -86,13 +86,13 @@ def _check_df(df: object) -> pd.DataFrame:
 
 
 def _layout_cost_html(costs: pd.DataFrame, precision: str, case: tuple[int, str, bool], gpu: str) -> str:
-    """One sentence: what the chosen layout costs against our contiguous cache on `gpu` (`layout_costs`), or why it
-    cannot be said; empty for the contiguous layout."""
+    """One sentence: what the chosen layout costs against our contiguous cache on `gpu` (`costs`: its `layout_costs`),
+    or why it cannot be said; empty for the contiguous layout."""
     q_len, layout, causal = case
     if layout == "contiguous":
         return ""
     pick = costs[(costs["precision"] == precision) & (costs["q_len"] == q_len) & (costs["layout"] == layout)
-                 & (costs["causal"] == causal)] if len(costs) else costs  # fmt: skip
+                 & (costs["causal"] == causal)]  # fmt: skip
     if pick.empty:
         return (f"<p><b>What {layout} costs:</b> <i>no {gpu} runs of {layout} and of the contiguous cache at "
                 f"{precision}, q_len {q_len} cover the 12 competition shapes</i></p>")  # fmt: skip
@@ -139,19 +139,23 @@ def timing_panel(df: pd.DataFrame | None = None) -> TimingPanel:
     bars, bw = go.FigureWidget(), go.FigureWidget()
     busy = BusyIndicator()
     shown: dict[str, object] = {"rows": None, "stem": "timings"}
-    costs: dict[str, pd.DataFrame] = {}  # layout_costs per GPU, computed when first asked for
+    costs: dict[str, object] = {}  # layout_costs_by_gpu (or why it failed), computed when first asked for
 
     def refresh(*_: object) -> None:
         with busy("reading the recorded timings"):
             _refresh()
 
     def cost_html(gpu: str) -> str:
-        if gpu not in costs:
+        if "by_gpu" not in costs:
             try:
-                costs[gpu] = layout_costs(df, gpu=gpu)
-            except ValueError:
-                costs[gpu] = pd.DataFrame()
-        return _layout_cost_html(costs[gpu], precision.value, layout.value, gpu)
+                costs["by_gpu"] = layout_costs_by_gpu(df)
+            except ValueError as e:  # (a run with two default rows of one case and shape: say so, show the rest)
+                costs["by_gpu"] = f"<p><i>what each layout costs cannot be said: {e}</i></p>"
+        by_gpu = costs["by_gpu"]
+        if isinstance(by_gpu, str):
+            return by_gpu if layout.value[1] != "contiguous" else ""
+        empty = pd.DataFrame(columns=["precision", "q_len", "layout", "causal"])
+        return _layout_cost_html(by_gpu.get(gpu, empty), precision.value, layout.value, gpu)
 
     def _refresh() -> None:
         run.disabled = best.value
