@@ -608,77 +608,34 @@ def test_gpu_many_works_per_cta(precision: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("page", [64, 32, 16])
-@pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
-@pytest.mark.parametrize("precision", list(PATHS))
-def test_gpu_paged_permuted_with_nan_in_unused_slots(planner: str, precision: str, page: int) -> None:
-    """Permuted pages of 64 tokens (one TMA box a tile) and of 32 / 16 (a box per page), NaN in every unused slot."""
-    from mlalab.backends.triton import build_plan
-
-    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
-    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, page_size=page, permute_pages=True, seed=9, dist="unit")))
-    x = x.to("cuda")
-    assert not prepare(x, precision).contiguous
-    p, clean = _nan_in_unused_page_slots(x, prepare(x, precision))
-    assert torch.isnan(p.kv.float()).any()
-    knobs = {"block": 1} if planner == "simple" else {}
-    plan = build_plan(x, planner, 132, **knobs)
-    _check(p, plan, clean, peaked=True, config=KernelConfig())  # (kernel "auto": it must pick sm_90)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("q_len", [1, 2, 4])
-@pytest.mark.parametrize("planner", ["simple", "balanced", "aiter-fast"])
+@pytest.mark.parametrize("page", [64, 32, 16, 1])
 @pytest.mark.parametrize("precision", list(PATHS))
-def test_gpu_tokens_from_a_pool_four_times_the_batch(planner: str, precision: str, q_len: int) -> None:
-    """Page size 1 with a token table into a pool four times the batch's KV (sglang's and aiter's layout): each
-    token a random slot, every slot the batch does not use holding NaN codes (a row read from the wrong slot, or a
-    tile row past a work's end read from anywhere but the work's last token, shows); the ring filled by cp.async
-    (`host.tokens`). Ragged, empty and long requests, split works, q_len 1, 2 and 4: a8w8 with the q rows side by
-    side (two warpgroups copying each tile) and one row a CTA."""
+def test_gpu_every_planner_layout_q_len_and_precision(precision: str, page: int, q_len: int) -> None:
+    """The layouts issue's matrix: every planner x layout x q_len 1 / 2 / 4 x precision. Layouts: permuted pages of
+    64 tokens (one TMA box a tile) and of 32 / 16 (a box per page), NaN in every unused slot of a request's last page;
+    page size 1 with a token table into a pool four times the batch's KV (sglang's and aiter's layout: each token a
+    random slot, every slot the batch does not use holding NaN codes, so a row read from the wrong slot, or a tile row
+    past a work's end read from anywhere but the work's last token, shows; the ring filled by cp.async,
+    `host.tokens`). Ragged, empty, long (split) requests and one of q_len tokens, outputs poisoned; a8w8 at q_len
+    2 / 4 with the q rows side by side (two warpgroups sharing each tile) and one row a CTA."""
     from mlalab.backends.triton import build_plan
 
-    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, 1)
-    x, unused = _in_a_token_pool(_peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=1, seed=9,
-                                                                 dist="unit"))))  # fmt: skip
-    x = x.to("cuda")
-    assert host.tokens(prepare(x, precision))
-    p, clean = _nan_in_unused_pool_slots(prepare(x, precision), unused)
-    plan = build_plan(x, planner, 132 // q_len)
-    for side in ("on", "off") if q_len > 1 else ("auto",):  # (kernel "auto": it must pick sm_90)
-        rows = q_len if precision == "a8w8" and side == "on" else 1
-        _check(p, plan, clean, peaked=True, config=KernelConfig(side_by_side=side), rows=rows)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("q_len", [1, 2, 4])
-@pytest.mark.parametrize("layout", ["paged64", "paged16", "tokens"])
-@pytest.mark.parametrize("precision", list(PATHS))
-def test_gpu_every_planner_layout_q_len_and_precision(precision: str, layout: str, q_len: int) -> None:
-    """The layouts issue's matrix: every planner x layout (random page tables of 64 and 16 tokens, a token table into a
-    pool 4x the batch) x q_len 1 / 2 / 4 x precision, on a ragged batch with an empty request and one of q_len tokens,
-    NaN codes in every unused page or pool slot, outputs poisoned; a8w8 at q_len 2 / 4 with the q rows side by side
-    and one a CTA."""
-    from mlalab.backends.triton import build_plan
-
-    page = {"paged64": 64, "paged16": 16, "tokens": 1}[layout]
-    lens = (*ragged_kv_lens(5, 700, seed=11), 0, 1500, q_len)
-    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=page, permute_pages=page > 1, seed=12,
+    lens = (*ragged_kv_lens(6, 900, seed=8), 0, 3000, q_len)
+    x = _peaked(make_inputs(DecodeCase(kv_lens=lens, q_len=q_len, page_size=page, permute_pages=page > 1, seed=9,
                                        dist="unit")))  # fmt: skip
-    if layout == "tokens":
+    if page == 1:
         x, unused = _in_a_token_pool(x)
         x = x.to("cuda")
         p, clean = _nan_in_unused_pool_slots(prepare(x, precision), unused)
     else:
         x = x.to("cuda")
         p, clean = _nan_in_unused_page_slots(x, prepare(x, precision))
-    assert not p.contiguous and torch.isnan(p.kv.float()).any()
+    assert not p.contiguous and host.tokens(p) == (page == 1) and torch.isnan(p.kv.float()).any()
     for planner in PLANNERS:
         knobs = {"block": 1} if planner == "simple" else {}
         plan = build_plan(x, planner, 132 // q_len, **knobs)
-        for side in ("on", "off") if q_len > 1 and precision == "a8w8" else ("auto",):
+        for side in ("on", "off") if q_len > 1 and precision == "a8w8" else ("auto",):  # (kernel "auto": sm_90)
             rows = q_len if side == "on" else 1
             _check(p, plan, clean, peaked=True, config=KernelConfig(side_by_side=side), rows=rows)
 
