@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import re
 import sys
@@ -74,7 +75,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "pb256": {"plan_block": 256},
 }
 
-#: the options of `VARIANTS` as the code before the redesign named them (for ``before:`` variants)
+#: the options of `VARIANTS` as the code before the redesign (no ``kernels.sm90`` package) named them
 _BEFORE_NAMES = {"kernel": {"sm90": "hopper"}}
 
 
@@ -115,10 +116,12 @@ def _callable(name: str, B: int, L: int, q_len: int, precision: str, n: int, cau
     else:
         x = _other_module(package, "timing").case_inputs(B, L, q_len, layout).to("cuda")
     try:
-        return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
-    except (TypeError, ValueError):  # a commit before the redesign named some options otherwise
-        old = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
-        return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **old)[0]
+        redesigned = importlib.util.find_spec(f"{package}.kernels.sm90") is not None
+    except ModuleNotFoundError:  # (no kernels package at all)
+        redesigned = False
+    if not redesigned:  # a commit before the redesign: its option names
+        opts = {k: _BEFORE_NAMES.get(k, {}).get(v, v) for k, v in opts.items()}
+    return old_triton.make_callable(x, precision=precision, n_copies=n, num_cus=slots, **opts)[0]
 
 
 def check(name: str, sms: int, precision: str, q_len: int = 1, causal: bool = False,
