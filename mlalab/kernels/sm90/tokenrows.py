@@ -40,8 +40,7 @@ def _token_rows(rows_ptr, kn_smem, ok):
 def _copy_token_rows(KV, kn_smem, kr_smem, bar, rows):
     """A tile of 64 arbitrary KV rows (`rows`: their row numbers, `_token_rows`) into one ring stage (`kn_smem` value
     dims, `kr_smem` rope dims) by cp.async, 16 bytes a copy (`_row_copy_layout`); then each thread arrives on `bar`
-    once its copies have landed (the stage's barrier counts one arrival per thread). Hopper's TMA has no gather; a
-    row each is 64 TMA boxes (and the 128-byte swizzle does not take slices of fewer than 8 rows)."""
+    once its copies have landed (the stage's barrier counts one arrival per thread)."""
     D_N: gl.constexpr = kn_smem.shape[1]
     D_R: gl.constexpr = kr_smem.shape[1]
     L: gl.constexpr = _row_copy_layout(kn_smem.dtype.primitive_bitwidth, gl.num_warps())
