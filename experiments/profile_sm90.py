@@ -7,8 +7,10 @@ Per shape, in one process beside FlashMLA fp8 (GPU only):
   empty kernels (the launch floor of a graph node: ``graph_node_us`` / ``two_nodes_us``, the same in every row);
 * stage 1's per-CTA time line (`Decoder.stage1_timeline`): launch skew, the plan header's round trip, the first
   tile's arrival, the per-tile interval and its parts, the epilogue and the spread of the CTAs' ends;
-* with ``--ablations``, the whole call again with the score wgmma skipped and with both wgmmas skipped
-  (`Decoder.ablation`: outputs wrong, timing only): what the call would take if that compute were free.
+* with ``--ablations``, the whole call again with the score wgmma skipped and with both wgmmas skipped, or with
+  ``--precision a8w4-mxfp4`` (the e4m3 route) with the fp4 -> e4m3 conversion skipped (`Decoder.ablation`: outputs
+  wrong, timing only): what the call would take if that compute were free — for fp4, where a kernel that converted
+  on other warps could at best arrive. With fp4 our a8w8 decode is timed beside (``a8w8_us``), FlashMLA in fp8.
 
 ``--out-dir`` writes ``profile.csv`` (one row per shape; data/profiles/*_profile.csv) and ``timeline_events.csv`` (the
 events of every shape's stamped launch; data/profiles/*_timeline.csv).
@@ -16,6 +18,7 @@ events of every shape's stamped launch; data/profiles/*_timeline.csv).
     python experiments/profile_sm90.py --out-dir /tmp/prof --ablations
     python experiments/profile_sm90.py --shapes 4x1024,128x8192 --precision bf16
     python experiments/profile_sm90.py --shapes 32x8192,128x8192 --q-len 4 --ablations   # speculative decode
+    python experiments/profile_sm90.py --precision a8w4-mxfp4 --ablations   # fp4 with its conversion free
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def main() -> None:
     ap.add_argument("--plan-block", type=int, default=None, help="the simple planner's block (default: the backend's)")
     ap.add_argument("--q-len", type=int, default=1, help="query rows a request (speculative decode; default 1)")
     ap.add_argument("--no-flashmla", action="store_true")
-    ap.add_argument("--precision", default="a8w8", choices=("a8w8", "a16w8", "bf16"))
+    ap.add_argument("--precision", default="a8w8", choices=("a8w8", "a16w8", "bf16", "a8w4-mxfp4"))
     ap.add_argument("--ablations", action="store_true", help="also time the call with the QK / QK+PV compute skipped")
     ap.add_argument("--out-dir", default=None, help="writes profile.csv and timeline_events.csv there")
     a = ap.parse_args()
@@ -72,9 +75,15 @@ def main() -> None:
         n = rotation_copies(kv_cache_bytes(B, L, a.precision))
         row: dict[str, object] = {"B": B, "L": L, "q_len": a.q_len, "precision": a.precision,
                                   "graph_node_us": round(empty1, 2), "two_nodes_us": round(empty2, 2)}  # fmt: skip
-        if not a.no_flashmla and a.precision != "a16w8":  # (FlashMLA has no bf16-q / fp8-KV path)
-            fcall, _ = get_backend("flashmla").make_callable(x, precision=a.precision, n_copies=n)
+        fp4 = a.precision == "a8w4-mxfp4"
+        if not a.no_flashmla and a.precision != "a16w8":  # (FlashMLA has no bf16-q / fp8-KV path, no fp4: fp8)
+            fcall, _ = get_backend("flashmla").make_callable(x, precision="a8w8" if fp4 else a.precision, n_copies=n)
             row["flashmla_us"] = round(time_callable(fcall, n)["us_median"], 2)
+        if fp4:  # our fp8 decode on the same case, the ratio the fp4 goal is stated in
+            n8 = rotation_copies(kv_cache_bytes(B, L, "a8w8"))
+            call8, _ = make_callable(x, precision="a8w8", n_copies=n8, kernel="sm90", plan_block=a.plan_block)
+            row["a8w8_us"] = round(time_callable(call8, n8)["us_median"], 2)
+            del call8
         _, info = make_callable(x, precision=a.precision, n_copies=n, kernel="sm90", plan_block=a.plan_block)
         dec, plan, copies = info["decoder"], info["plan"], info["kv_copies"]
         row["ran"] = dec.ran
@@ -82,7 +91,10 @@ def main() -> None:
         row["stage1_us"] = round(time_callable(lambda i: dec.stage1(kv=copies[i % n]), n)["us_median"], 2)  # noqa: B023
         row["reduce_us"] = round(time_callable(lambda i: dec.reduce(), 1)["us_median"], 2)  # noqa: B023
         if a.ablations:
-            for skip, col in (("qk", "full_no_qk_us"), ("qk+pv", "full_no_qk_pv_us")):
+            skips = [("qk", "full_no_qk_us"), ("qk+pv", "full_no_qk_pv_us")]
+            if fp4:
+                skips = [("convert", "full_no_convert_us")]
+            for skip, col in skips:
                 ablated = dec.ablation(skip)
                 row[col] = round(time_callable(lambda i: ablated(kv=copies[i % n]), n)["us_median"], 2)  # noqa: B023
         tiles = dec.sm90.tiles_per_cta
@@ -103,11 +115,12 @@ def main() -> None:
                 # device, versions and date in every profile row (not in the long events table: same run)
                 prov = provenance() if name == "profile.csv" else {}
                 write_rows_csv(os.path.join(a.out_dir, name), [{**r, **prov} for r in data])
-    if rows and "flashmla_us" in rows[0]:
-        for col in ("full_us", "full_no_qk_us", "full_no_qk_pv_us"):
-            if col in rows[0]:
-                g = math.exp(sum(math.log(r[col] / r["flashmla_us"]) for r in rows) / len(rows))
-                print(f"geomean {col} / flashmla: {g:.3f}")
+    for base in ("flashmla_us", "a8w8_us"):
+        if rows and base in rows[0]:
+            for col in ("full_us", "full_no_qk_us", "full_no_qk_pv_us", "full_no_convert_us"):
+                if col in rows[0]:
+                    g = math.exp(sum(math.log(r[col] / r[base]) for r in rows) / len(rows))
+                    print(f"geomean {col} / {base}: {g:.3f}")
 
 
 if __name__ == "__main__":

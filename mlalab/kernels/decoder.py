@@ -29,8 +29,8 @@ from .sm90.timeline import CtaTimeline, launch_clock_ghz, measure_clock_ghz, tim
 
 __all__ = ["Decoder", "decode", "check_plan", "token_work_info", "causal_work_info", "ABLATIONS", "L2_BYTES"]
 
-#: `Decoder.ablation`: which compute the sm_90 stage 1 skips (the kernel's ``ABLATE``).
-ABLATIONS = {"qk": 1, "qk+pv": 2}
+#: `Decoder.ablation`: which compute the sm_90 stage 1 skips (the kernel's ``ABLATE``, `sm90.host.ABLATABLE`).
+ABLATIONS = {"qk": 1, "qk+pv": 2, "convert": 3}
 
 #: The H200's L2 (60 MB): `Decoder.stage1_timeline` reads twice this much before a stamped launch.
 L2_BYTES = 60 * 1024 * 1024
@@ -277,13 +277,17 @@ class Decoder:
 
     def ablation(self, skip: str) -> Callable[..., tuple[torch.Tensor, ...]]:
         """A call like this decoder's (``call(q=None, kv=None)``) whose sm_90 stage 1 skips compute: ``"qk"`` the
-        score wgmma (scores 0), ``"qk+pv"`` also the value wgmma and its V operand. **The outputs are wrong**: for
-        timing what the decode would take if that compute were free (`experiments/profile_sm90.py`)."""
+        score wgmma (scores 0), ``"qk+pv"`` also the value wgmma and its V operand (the fp8 path, a8w8);
+        ``"convert"`` the fp4 -> e4m3 conversion of each tile (the e4m3 route, a8w4-mxfp4: the products read a tile
+        never written). **The outputs are wrong**: for timing what the decode would take if that compute were free
+        (`experiments/profile_sm90.py`)."""
         if skip not in ABLATIONS:
             raise ValueError(f"skip must be one of {', '.join(map(repr, ABLATIONS))}, got {skip!r}")
         s1 = self._require_sm90("an ablation")
-        if s1.path != "v-regs":
-            raise ValueError(f"ablations are written for the fp8 path (a8w8), not {s1.path}")
+        path = sm90_host.ABLATABLE[ABLATIONS[skip]]
+        if s1.path != path:
+            raise ValueError(f"ablation {skip!r} is written for the {path} path "
+                             f"({'a8w8' if path == 'v-regs' else 'a8w4-mxfp4'}), not {s1.path}")  # fmt: skip
 
         def call(q: torch.Tensor | None = None, kv: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
             s1.launch(self.p.q if q is None else q, self.p.kv if kv is None else kv, self.work_info, self.out,

@@ -148,16 +148,16 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     from triton.runtime.driver import driver
 
     from . import stage1 as S
-    from .host import INFO_COLS, RING, SUB_TILE_PAGES
+    from .host import ABLATABLE, INFO_COLS, RING, SUB_TILE_PAGES
 
     if path not in RING:
         raise ValueError(f"path must be one of {', '.join(map(repr, RING))}, got {path!r}")
     stages = RING[path]
     if first_burst is not None and (type(first_burst) is not int or not 1 <= first_burst <= stages):
         raise ValueError(f"first_burst must be None (the whole ring) or 1 to {stages} on {path}, got {first_burst!r}")
-    if ablate not in (0, 1, 2) or isinstance(ablate, bool) or (ablate and path != "v-regs"):
-        raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV; fp8 path only), "
-                         f"got {ablate!r} on {path}")  # fmt: skip
+    if ablate not in (0, 1, 2, 3) or isinstance(ablate, bool) or (ablate and path != ABLATABLE[ablate]):
+        raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV) on v-regs, or 3 (no "
+                         f"fp4 conversion) on v-fp4-e4m3, got {ablate!r} on {path}")  # fmt: skip
     if rows not in (1, 2, 4) or isinstance(rows, bool) or (rows > 1 and path != "v-regs"):
         raise ValueError(f"rows must be 1, or 2 or 4 on v-regs, got {rows!r} on {path}")
     if path == "v-fp4":

@@ -317,24 +317,26 @@ def _token_exponents(sc_nope, sc_rope):
 @gluon.jit
 def _convert_fp4_tile(codes_n, codes_r, scn_smem, scr_smem, kb_words, krb_words, n_valid, MASK_TAIL: gl.constexpr,
                       KV_FP4: gl.constexpr, BLOCK_N: gl.constexpr, E4M3: gl.constexpr,
-                      REPORT: gl.constexpr):  # fmt: skip
+                      REPORT: gl.constexpr, SKIP: gl.constexpr = False):  # fmt: skip
     """A ring tile of fp4 codes (value dims `codes_n` (64, 256 bytes), rope dims `codes_r` (64, 32 bytes)) with its
     block scales (staged by `_load_tile_scales` in `scn_smem`, `scr_smem`) into the converted tile (`kb_words`,
     `krb_words`: int32 views (64, 256), (64, 32) of the bf16 tile, or with `E4M3` int16 views of the same shapes of
     the e4m3 tile): 8 value chunks and the rope chunk (not masked: a masked token's score is -inf). Returns the
-    tokens' floored largest scale bytes (`_token_exponents`: the e4m3 route's F + 133) with `E4M3`, else 0."""
+    tokens' floored largest scale bytes (`_token_exponents`: the e4m3 route's F + 133) with `E4M3`, else 0. `SKIP`
+    (the ``convert`` ablation, timing only): the scales are read and the exponents taken, nothing is converted."""
     sc_nope = scn_smem.load(_TILE_SCALES)
     sc_rope = scr_smem.load(_CHUNK_SCALES)
     e_max = 0
     if E4M3:
         e_max = _token_exponents(sc_nope, sc_rope)
-    for c in gl.static_range(8):
-        _convert_chunk(codes_n.slice(c * 32, 32, dim=1), kb_words.slice(c * 32, 32, dim=1),
-                       _chunk_scales(sc_nope, c, BLOCK_N), e_max, n_valid, MASK_TAIL, KV_FP4, BLOCK_N, E4M3,
-                       False)  # fmt: skip
-    # (`gl.bank_conflicts` counts whole buffers only: the rope chunk's. The value chunks' 8 lanes of a 16-byte phase
-    # see 8 tokens of one 16-byte column, which the 128-byte swizzle puts in 8 distinct bank groups.)
-    _convert_chunk(codes_r, krb_words, sc_rope, e_max, n_valid, False, KV_FP4, BLOCK_N, E4M3, REPORT)
+    if not SKIP:
+        for c in gl.static_range(8):
+            _convert_chunk(codes_n.slice(c * 32, 32, dim=1), kb_words.slice(c * 32, 32, dim=1),
+                           _chunk_scales(sc_nope, c, BLOCK_N), e_max, n_valid, MASK_TAIL, KV_FP4, BLOCK_N, E4M3,
+                           False)  # fmt: skip
+        # (`gl.bank_conflicts` counts whole buffers only: the rope chunk's. The value chunks' 8 lanes of a 16-byte
+        # phase see 8 tokens of one 16-byte column, which the 128-byte swizzle puts in 8 distinct bank groups.)
+        _convert_chunk(codes_r, krb_words, sc_rope, e_max, n_valid, False, KV_FP4, BLOCK_N, E4M3, REPORT)
     return e_max
 
 

@@ -37,8 +37,9 @@ signals at once that the reduce (launched as a programmatic dependent) may start
 writes.
 
 Measurement hooks (compile-time, off in production): ``TIMELINE`` stamps each CTA's clock at each step
-(`timeline.CtaTimeline`); ``ABLATE`` skips the score wgmma (1) or both wgmmas (2), so the call's time without that
-compute can be measured (outputs wrong); ``REPORT`` prints the V loads' bank conflicts while compiling (`build`).
+(`timeline.CtaTimeline`); ``ABLATE`` skips the score wgmma (1), both wgmmas (2) or, on the e4m3 route, the fp4 →
+e4m3 conversion (3), so the call's time without that compute can be measured (outputs wrong); ``REPORT`` prints the
+V loads' bank conflicts while compiling (`build`).
 
 Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) dims, the KV rows of a tile contiguous
 (page size 1 with the identity page table, or pages that are multiples of 64 tokens), a tile of whole pages of 16
@@ -190,7 +191,7 @@ def _stage1_kernel(
     CAUSAL: gl.constexpr,  # q rows side by side under the causal mask: column c's KV ends ROWS - 1 - c // H before the
     # end of the work's last row's prefix, WORK_INFO column 7 (`decoder.causal_work_info`), or at the work's end
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
-    ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV (timing experiments only: wrong outputs)
+    ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV, 3 the e4m3 route's conversion (timing only)
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
     num_warps: gl.constexpr,
 ):  # fmt: skip
@@ -222,6 +223,7 @@ def _stage1_kernel(
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the bf16 ring needs 2 stages")
     gl.static_assert(not V_FROM_K or ABLATE == 0, "ablations are written for the fp8 path")
+    gl.static_assert(ABLATE != 3 or FP4_E4M3, "the conversion ablation is the e4m3 route's")
     gl.static_assert(NUM_STAGES <= 3 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
     gl.static_assert(FIRST_BURST >= 1 and FIRST_BURST <= NUM_STAGES, "the first burst is 1 to NUM_STAGES tiles")
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
@@ -394,7 +396,7 @@ def _stage1_kernel(
                 if KV_FP4:  # codes x block scales (exact: `fp4tiles`), or e4m3 residuals and the tokens' exponents
                     e_max = _convert_fp4_tile(kn, kr_smem.index(s), scn_smem, scr_smem, kb_words.index(zero),
                                               krb_words.index(zero), kv_end - start, MASK_TAIL, KV_FP4, BLOCK_N,
-                                              FP4_E4M3, REPORT)  # fmt: skip
+                                              FP4_E4M3, REPORT, ABLATE == 3)  # fmt: skip
                 else:
                     _convert_tile(kn, kb, kv_end - start, MASK_TAIL, BLOCK_N, D_NOPE)
                     _convert_tile(kr_smem.index(s), krb, BLOCK_N, False, BLOCK_N, D_ROPE)  # (rope: scores masked)
@@ -421,7 +423,7 @@ def _stage1_kernel(
                 # through the async one (right after the barrier wait instead, Triton 3.6's ptxas crashed)
                 fence_async_shared()
             # QK on the tensor cores, asynchronously ...
-            if ABLATE >= 1:  # ablation: scores 0 (the QK's time is what this saves)
+            if ABLATE == 1 or ABLATE == 2:  # ablation: scores 0 (the QK's time is what this saves)
                 s_tok = gl.zeros([BLOCK_N, NQ], gl.float32, ACC)
             else:
                 s_tok = warpgroup_mma(kn, q_nope_t, gl.zeros([BLOCK_N, NQ], gl.float32, ACC), use_acc=False,
@@ -487,7 +489,7 @@ def _stage1_kernel(
                 # warpgroup a tile ahead writes the other buffer)
                 alpha = a_smem.index(pb).load(gl.SliceLayout(0, ACC_O))
             o_cur = o_cur * alpha[None, :]
-            if ABLATE >= 2:  # ablation: no PV (and no V operand: the compiler drops its loads)
+            if ABLATE == 2:  # ablation: no PV (and no V operand: the compiler drops its loads)
                 o_acc = warpgroup_mma_init(o_cur)
             elif V_IN_REGS:
                 o_acc = warpgroup_mma(v_op, p_smem.index(pb).permute((1, 0)), o_cur, is_async=True)
