@@ -54,7 +54,7 @@ def test_pareto_mask() -> None:
         pareto_mask([1], [1, 2])
 
 
-FULL_RUN = "h100_2026-12-05_run19.csv"  # the newest full run timing every precision (fp4 KV included)
+FULL_RUN = "h100_2026-12-07_all_precisions.csv"  # the newest full run timing every precision (fp4 KV included)
 OLD_RUN = "h200_2026-12-04_run18.csv"  # a full run without fp4 KV
 
 

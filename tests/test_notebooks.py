@@ -25,7 +25,7 @@ EXPECTED_TEXT = {
         "loaded h100_2026-12-07_study_12shapes_256x1024_4dists_3seeds.parquet: 30888 rows (0 failed)",
     ],
     "05_precision_frontier.ipynb": [
-        "every precision measured in h100_2026-12-05_run19.csv on NVIDIA H100 80GB HBM3: True",
+        "every precision measured in h100_2026-12-07_all_precisions.csv on NVIDIA H100 80GB HBM3: True",
         "measured times are recorded medians: True",
         "frontier points are non-dominated: True",
         "fp4 KV slower than a8w8 here: True",

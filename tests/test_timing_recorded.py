@@ -115,9 +115,18 @@ def test_panel_reads_the_layout_runs_too(tmp_path) -> None:  # noqa: ANN001
     assert bars and len(bars[0].y) == 14 and "tokens" not in p.message.value
     # what the layout costs: its run against a contiguous run covering the 12 shapes (`layout_costs`), or why not
     assert "What tokens costs on NVIDIA H100 80GB HBM3:</b> our a8w8 time is" in p.table.value
-    p.run.value = "h100_2026-12-07_layouts_q24_tokens.csv"
+    p.run.value = "h100_2026-12-07_suite_layouts_q4.csv"
     p.layout.value = (4, "tokens", False)
-    assert "goal ≤ 1.25×" in p.table.value and "(two runs)" in p.table.value
+    assert "goal ≤ 1.25×" in p.table.value and "both from h100_2026-12-07_suite_layouts_q4.csv" in p.table.value
+    # a layout run whose contiguous side is another run's says so (`layout_costs`' same_run)
+    from mlalab.records.timings import layout_costs
+    from mlalab.widgets.timing import _layout_cost_html
+
+    t = layout_costs(load_recorded((TIMINGS_DIR, LAYOUTS_DIR)), gpu="NVIDIA H100 80GB HBM3")
+    r = t[(t["precision"] == "a8w8") & (t["q_len"] == 4) & (t["layout"] == "tokens")].copy()
+    r["contiguous_run"], r["same_run"] = "another_run.csv", False
+    html = _layout_cost_html(r, "a8w8", (4, "tokens", False), "an H100")
+    assert "h100_2026-12-07_suite_layouts_q4.csv against another_run.csv (two runs)" in html, html
     p.precision.value = "bf16"
     assert "no NVIDIA H100 80GB HBM3 runs of tokens and of the contiguous cache at bf16, q_len 4" in p.table.value
     p.layout.value = (1, "contiguous", False)
@@ -272,7 +281,7 @@ def test_layout_costs_are_the_recorded_runs_ratios() -> None:
         (q, lay) for q in (1, 2, 4) for lay in ("paged64", "paged16", "tokens")
     }
     row = a8[(a8["q_len"] == 4) & (a8["layout"] == "tokens")].iloc[0]
-    assert row["run"] == "h100_2026-12-07_layouts_q24_tokens.csv" and not row["same_run"]
+    assert row["run"] == "h100_2026-12-07_suite_layouts_q4.csv" and row["same_run"]
 
     def us(name: str, layout: str) -> pd.Series:
         d = pd.read_csv(f"{LAYOUTS_DIR}/{name}")

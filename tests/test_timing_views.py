@@ -43,7 +43,7 @@ from mlalab.traffic import decode_traffic
 ROOT = Path(__file__).resolve().parents[1]
 RUN3 = "h200_2026-12-02_run3.csv"  # the portable kernel's last full run (no plan digests)
 NEWEST_RUN = "h200_2026-12-04_run18.csv"  # the newest full run on the reference GPU: the default view
-H100_RUN = "h100_2026-12-05_run19.csv"  # a newer full run on another GPU
+H100_RUN = "h100_2026-12-07_all_precisions.csv"  # a newer full run on another GPU
 
 
 def _cell(plan: WorkPlan, **knobs: object) -> str:
@@ -113,8 +113,8 @@ def test_default_view_is_one_run_one_config_per_shape() -> None:
 
 
 def test_views_never_mix_gpus() -> None:
-    """A newer full run on another GPU (the H100's run 19) is not the default view; it is shown when named; best of
-    all reads one GPU's runs; a GPU without records is a clear error."""
+    """A newer full run on another GPU (the H100's of 2026-12-07) is not the default view; it is shown when named;
+    best of all reads one GPU's runs; a GPU without records is a clear error."""
     df = load_recorded()
     h100 = "NVIDIA H100 80GB HBM3"
     assert H100_RUN in [r for r, g in full_runs(df) if g == h100]  # a full run, and newer than run 18
