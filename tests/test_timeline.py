@@ -275,16 +275,44 @@ def test_ablation_figure_shows_ratios_to_flashmla_and_their_geomeans(tmp_path) -
         ablation_figure(prof.to_dict())
 
 
-def test_recorded_ablation_profile_loads_when_present() -> None:
+@pytest.mark.parametrize("kind", ["wgmma", "fp4"])
+def test_recorded_ablation_profile_loads_when_present(kind: str) -> None:
     from mlalab.plots.timeline import ablation_figure
     from mlalab.records.profiles import ABLATIONS, load_ablation_profile
 
     try:
-        p = load_ablation_profile()
+        p = load_ablation_profile(kind=kind)
     except FileNotFoundError:
-        pytest.skip("no recorded profile with ablations in data/profiles")
+        pytest.skip(f"no recorded profile with {kind} ablations in data/profiles")
+    k = ABLATIONS[kind]
     # skipping compute never makes the call slower than the real one by more than run noise
-    assert (p["full_no_qk_pv_us"] <= 1.05 * p["full_us"]).all() and len(ablation_figure(p).data) == len(ABLATIONS)
+    assert (p[k.bars[-1][0]] <= 1.05 * p["full_us"]).all() and len(ablation_figure(p, kind=kind).data) == len(k.bars)
+
+
+def test_fp4_ablation_figure_is_over_our_a8w8_and_reads_only_fp4_profiles(tmp_path) -> None:  # noqa: ANN001
+    """The "fp4" kind: a8w4-mxfp4 as measured and with its conversion skipped, each over our a8w8 in the same
+    process, the fp4 issue's geomean goal; a wgmma profile is not an fp4 one (and the other way round)."""
+    from mlalab.plots.timeline import ablation_figure
+    from mlalab.records.profiles import load_ablation_profile
+
+    prof = pd.DataFrame({"B": [128, 4], "L": [8192, 1024], "a8w8_us": [200.0, 6.0], "full_us": [190.0, 7.5],
+                         "full_no_convert_us": [140.0, 6.6], "flashmla_us": [210.0, 11.0],
+                         "gpu": ["NVIDIA H100 80GB HBM3"] * 2})  # fmt: skip
+    path = tmp_path / "h100_x_fp4_profile.csv"
+    prof.to_csv(path, index=False)
+    p = load_ablation_profile(str(path), kind="fp4")
+    fig = ablation_figure(p, kind="fp4")
+    assert [list(t.x) for t in fig.data] == [["B4·L1024", "B128·L8192"]] * 2
+    assert [v for t in fig.data for v in t.y] == pytest.approx([1.25, 0.95, 1.1, 0.7])
+    assert "conversion skipped: geomean 0.877×" in fig.data[1].name  # sqrt(1.1 · 0.7)
+    assert fig.layout.shapes[0].y0 == 0.85 and "our a8w8" in fig.layout.yaxis.title.text
+    assert "NVIDIA H100 80GB HBM3" in fig.layout.title.text and "h100_x_fp4_profile.csv" in fig.layout.title.text
+    with pytest.raises(ValueError, match="no wgmma ablation columns .*'full_no_qk_us'"):
+        load_ablation_profile(str(path))  # the default kind needs the wgmma columns
+    with pytest.raises(ValueError, match="lacks columns .*'a8w8_us'.*--precision a8w4-mxfp4"):
+        ablation_figure(p.drop(columns=["a8w8_us"]), kind="fp4")
+    with pytest.raises(ValueError, match="kind must be one of 'wgmma', 'fp4'"):
+        ablation_figure(p, kind="fp8")
 
 
 def test_recorded_events_rebuild_the_live_timeline() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..records.profiles import ABLATIONS, check_ablations, timeline_events
+from ..records.profiles import ablation_kind, check_ablations, timeline_events
 from .palette import place_title
 
 __all__ = ["PHASES", "cta_timeline_figure", "ablation_figure", "check_goal", "finish_ratio_figure"]
@@ -76,28 +76,34 @@ def cta_timeline_figure(events: pd.DataFrame, batch: int, kv_len: int, *, title:
     return place_title(fig)
 
 
-def ablation_figure(profile: pd.DataFrame, goal: float = 0.65) -> go.Figure:
-    """Per shape, our call's time over FlashMLA fp8's, as measured and with the tensor-core work skipped (one process,
-    `load_ablation_profile`); the legend gives each geomean, the dashed line the goal. Where even "both wgmmas
-    skipped" stays above the line, the matrix products are not what keeps a shape from the goal."""
+def ablation_figure(profile: pd.DataFrame, goal: float | None = None, kind: str = "wgmma") -> go.Figure:
+    """Per shape, our call's time over the base of ablation `kind` (`ABLATIONS`: "wgmma" over FlashMLA fp8, "fp4"
+    over our a8w8), as measured and with compute skipped (one process, `load_ablation_profile`); the legend gives
+    each geomean, the dashed line the goal (default the kind's). Where even the last bar stays above the line, the
+    compute it skips is not what keeps a shape from the goal."""
     if not isinstance(profile, pd.DataFrame):
         raise TypeError(f"profile must be a pandas DataFrame, got {type(profile).__name__}")
+    k = ablation_kind(kind)
+    goal = k.goal if goal is None else goal
     check_goal(goal)
-    check_ablations(profile, "profile lacks columns", "profile must have rows, every time a positive number of µs")
+    check_ablations(profile, "profile lacks columns", "profile must have rows, every time a positive number of µs",
+                    kind)  # fmt: skip
     d = profile.sort_values(["L", "B"])
     shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
     fig = go.Figure()
-    for col, label in ABLATIONS:
-        ratio = d[col] / d["flashmla_us"]
+    for col, label in k.bars:
+        ratio = d[col] / d[k.base]
         geo = float(np.exp(np.log(ratio).mean()))
-        hover = [f"{u:.2f} µs vs FlashMLA fp8 {f:.2f} µs" for u, f in zip(d[col], d["flashmla_us"])]
+        hover = [f"{u:.2f} µs vs {k.base_label} {f:.2f} µs" for u, f in zip(d[col], d[k.base])]
         fig.add_trace(go.Bar(x=shapes, y=ratio, name=f"{label}: geomean {geo:.3f}×", hovertext=hover))
+    gpu = str(d["gpu"].iloc[0]) if "gpu" in d.columns else "the H200"
     run = f" ({d['run'].iloc[0]})" if "run" in d.columns else ""
-    return finish_ratio_figure(fig, goal, f"time / FlashMLA fp8, measured on the H200 in one process{run}")
+    return finish_ratio_figure(fig, goal, f"time / {k.base_label}, measured on {gpu} in one process{run}",
+                               peer=k.base_label)  # fmt: skip
 
 
 def check_goal(goal: object) -> None:
-    """A goal on the geomean of time / FlashMLA fp8: a positive number."""
+    """A goal on the geomean of time / a base time (FlashMLA fp8's, our a8w8's): a positive number."""
     if isinstance(goal, bool) or not (isinstance(goal, float | int) and goal > 0):
         raise ValueError(f"goal must be a positive ratio, got {goal!r}")
 

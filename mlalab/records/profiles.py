@@ -1,6 +1,6 @@
 """Recorded profiles of the sm_90 stage 1 (data/profiles): per-CTA time lines (``*_timeline.csv``, the events of
 `mlalab.kernels.sm90.timeline.CtaTimeline`: B, L, cta, event, index, t_ns) and ablation profiles (``*_profile.csv``
-with the ablation columns: the whole call as measured and with the tensor-core work skipped), as
+with the ablation columns: the whole call as measured and with some of its compute skipped, `ABLATIONS`), as
 `experiments/profile_sm90.py` records them.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -16,8 +17,8 @@ from ..io import natural_key
 from ..kernels.sm90.timeline import CtaTimeline
 from .schema import DATA_ROOT
 
-__all__ = ["PROFILE_DIR", "load_timelines", "timeline_events", "timeline_summary", "ABLATIONS",
-           "load_ablation_profile", "check_ablations"]  # fmt: skip
+__all__ = ["PROFILE_DIR", "load_timelines", "timeline_events", "timeline_summary", "AblationKind", "ABLATIONS",
+           "ablation_kind", "load_ablation_profile", "check_ablations"]  # fmt: skip
 
 PROFILE_DIR = os.path.join(DATA_ROOT, "profiles")
 
@@ -88,38 +89,72 @@ def timeline_summary(events: pd.DataFrame, batch: int, kv_len: int) -> dict[str,
     }
 
 
-#: (column of an ablation profile, label): the whole call as measured and with compute skipped
-#: (`mlalab.kernels.Decoder.ablation`: the outputs are wrong; only the time means something).
-ABLATIONS = (
-    ("full_us", "our decode (a8w8)"),
-    ("full_no_qk_us", "… with the score wgmma skipped"),
-    ("full_no_qk_pv_us", "… with both wgmmas skipped"),
-)
+@dataclass(frozen=True)
+class AblationKind:
+    """One kind of ablation profile (`mlalab.kernels.Decoder.ablation`: the outputs are wrong; only the time means
+    something): per shape, each of `bars` (column, label: the whole call as measured, then with compute skipped) over
+    the `base` column (`base_label`); `goal` is the issue's on the geomean of the first bar; `recorder` makes one."""
 
-#: what an ablation profile must hold: the shape, FlashMLA fp8's µs and the `ABLATIONS` columns
-_ABLATION_COLUMNS = ("B", "L", "flashmla_us", *(c for c, _ in ABLATIONS))
+    base: str
+    base_label: str
+    bars: tuple[tuple[str, str], ...]
+    goal: float
+    recorder: str
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """What a profile of this kind must hold: the shape, the base and the bars' columns."""
+        return ("B", "L", self.base, *(c for c, _ in self.bars))
 
 
-def check_ablations(df: pd.DataFrame, missing_msg: str, times_msg: str) -> None:
-    """ValueError (with these messages) unless `df` has the ablation columns and positive times."""
-    missing = [c for c in _ABLATION_COLUMNS if c not in df.columns]
+#: The ablation profiles by kind: "wgmma", the fp8 decode with its matrix products skipped, against FlashMLA fp8 (the
+#: q_len 1 goal, 0.65x); "fp4", the e4m3 route (a8w4-mxfp4) with its fp4 -> e4m3 conversion skipped, against our
+#: a8w8 in the same process (the fp4 issue's geomean goal, 0.85x; its goal at 128 x 8192 is 0.6x).
+ABLATIONS = {
+    "wgmma": AblationKind(
+        "flashmla_us", "FlashMLA fp8",
+        (("full_us", "our decode (a8w8)"), ("full_no_qk_us", "… with the score wgmma skipped"),
+         ("full_no_qk_pv_us", "… with both wgmmas skipped")),
+        0.65, "experiments/profile_sm90.py --ablations",
+    ),
+    "fp4": AblationKind(
+        "a8w8_us", "our a8w8",
+        (("full_us", "our decode (a8w4-mxfp4)"), ("full_no_convert_us", "… with the fp4 → e4m3 conversion skipped")),
+        0.85, "experiments/profile_sm90.py --precision a8w4-mxfp4 --ablations",
+    ),
+}  # fmt: skip
+
+
+def ablation_kind(kind: str) -> AblationKind:
+    """`ABLATIONS[kind]`, or a ValueError naming the kinds."""
+    if kind not in ABLATIONS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, ABLATIONS))}, got {kind!r}")
+    return ABLATIONS[kind]
+
+
+def check_ablations(df: pd.DataFrame, missing_msg: str, times_msg: str, kind: str = "wgmma") -> None:
+    """ValueError (with these messages) unless `df` has the columns of ablation `kind` and positive times."""
+    k = ablation_kind(kind)
+    missing = [c for c in k.columns if c not in df.columns]
     if missing:
-        raise ValueError(f"{missing_msg} {missing} (experiments/profile_sm90.py --ablations)")
-    if df.empty or not (df[list(_ABLATION_COLUMNS[2:])] > 0).all().all():
+        raise ValueError(f"{missing_msg} {missing} ({k.recorder})")
+    if df.empty or not (df[list(k.columns[2:])] > 0).all().all():
         raise ValueError(times_msg)
 
 
-def load_ablation_profile(path: str | None = None) -> pd.DataFrame:
-    """The newest ``*_profile.csv`` in data/profiles that has the ablation columns (newest = last in name order,
-    numbers by value, as the files are named ``<device>_<date>[_<label>]_profile.csv``; or `path`), with its file name
-    in column ``run``: per shape (``B``, ``L``) FlashMLA fp8's µs (``flashmla_us``) and the `ABLATIONS` columns."""
+def load_ablation_profile(path: str | None = None, kind: str = "wgmma") -> pd.DataFrame:
+    """The newest ``*_profile.csv`` in data/profiles that has the columns of ablation `kind` (`ABLATIONS`; newest =
+    last in name order, numbers by value, as the files are named ``<device>_<date>[_<label>]_profile.csv``; or
+    `path`), with its file name in column ``run``: per shape (``B``, ``L``) the kind's base and bar columns."""
+    k = ablation_kind(kind)
     if path is None:
         files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_profile.csv")), key=_name_order)
-        files = [f for f in files if set(_ABLATION_COLUMNS) <= set(pd.read_csv(f, nrows=0).columns)]
+        files = [f for f in files if set(k.columns) <= set(pd.read_csv(f, nrows=0).columns)]
         if not files:
-            raise FileNotFoundError(f"no *_profile.csv with ablations in {PROFILE_DIR} (record one with "
-                                    "experiments/profile_sm90.py --ablations)")  # fmt: skip
+            raise FileNotFoundError(f"no *_profile.csv with {kind} ablations in {PROFILE_DIR} (record one with "
+                                    f"{k.recorder})")  # fmt: skip
         path = files[-1]
     df = pd.read_csv(path)
-    check_ablations(df, f"{path} has no ablation columns", f"{path}: every time must be a positive number of µs")
+    check_ablations(df, f"{path} has no {kind} ablation columns",
+                    f"{path}: every time must be a positive number of µs", kind)  # fmt: skip
     return df.assign(run=os.path.basename(path))
