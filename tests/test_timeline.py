@@ -278,13 +278,13 @@ def test_ablation_figure_shows_ratios_to_flashmla_and_their_geomeans(tmp_path) -
 @pytest.mark.parametrize("kind", ["wgmma", "fp4"])
 def test_recorded_ablation_profile_loads_when_present(kind: str) -> None:
     from mlalab.plots.timeline import ablation_figure
-    from mlalab.records.profiles import ABLATIONS, load_ablation_profile
+    from mlalab.records.profiles import ABLATION_KINDS, load_ablation_profile
 
     try:
         p = load_ablation_profile(kind=kind)
     except FileNotFoundError:
         pytest.skip(f"no recorded profile with {kind} ablations in data/profiles")
-    k = ABLATIONS[kind]
+    k = ABLATION_KINDS[kind]
     # skipping compute never makes the call slower than the real one by more than run noise
     assert (p[k.bars[-1][0]] <= 1.05 * p["full_us"]).all() and len(ablation_figure(p, kind=kind).data) == len(k.bars)
 

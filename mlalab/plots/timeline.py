@@ -77,7 +77,7 @@ def cta_timeline_figure(events: pd.DataFrame, batch: int, kv_len: int, *, title:
 
 
 def ablation_figure(profile: pd.DataFrame, goal: float | None = None, kind: str = "wgmma") -> go.Figure:
-    """Per shape, our call's time over the base of ablation `kind` (`ABLATIONS`: "wgmma" over FlashMLA fp8, "fp4"
+    """Per shape, our call's time over the base of ablation `kind` (`ABLATION_KINDS`: "wgmma" over FlashMLA fp8, "fp4"
     over our a8w8), as measured and with compute skipped (one process, `load_ablation_profile`); the legend gives
     each geomean, the dashed line the goal (default the kind's). Where even the last bar stays above the line, the
     compute it skips is not what keeps a shape from the goal."""

@@ -1,6 +1,6 @@
 """Recorded profiles of the sm_90 stage 1 (data/profiles): per-CTA time lines (``*_timeline.csv``, the events of
 `mlalab.kernels.sm90.timeline.CtaTimeline`: B, L, cta, event, index, t_ns) and ablation profiles (``*_profile.csv``
-with the ablation columns: the whole call as measured and with some of its compute skipped, `ABLATIONS`), as
+with the ablation columns: the whole call as measured and with some of its compute skipped, `ABLATION_KINDS`), as
 `experiments/profile_sm90.py` records them.
 """
 
@@ -17,7 +17,7 @@ from ..io import natural_key
 from ..kernels.sm90.timeline import CtaTimeline
 from .schema import DATA_ROOT
 
-__all__ = ["PROFILE_DIR", "load_timelines", "timeline_events", "timeline_summary", "AblationKind", "ABLATIONS",
+__all__ = ["PROFILE_DIR", "load_timelines", "timeline_events", "timeline_summary", "AblationKind", "ABLATION_KINDS",
            "ablation_kind", "load_ablation_profile", "check_ablations"]  # fmt: skip
 
 PROFILE_DIR = os.path.join(DATA_ROOT, "profiles")
@@ -110,7 +110,7 @@ class AblationKind:
 #: The ablation profiles by kind: "wgmma", the fp8 decode with its matrix products skipped, against FlashMLA fp8 (the
 #: q_len 1 goal, 0.65x); "fp4", the e4m3 route (a8w4-mxfp4) with its fp4 -> e4m3 conversion skipped, against our
 #: a8w8 in the same process (the fp4 issue's geomean goal, 0.85x; its goal at 128 x 8192 is 0.6x).
-ABLATIONS = {
+ABLATION_KINDS = {
     "wgmma": AblationKind(
         "flashmla_us", "FlashMLA fp8",
         (("full_us", "our decode (a8w8)"), ("full_no_qk_us", "… with the score wgmma skipped"),
@@ -126,10 +126,10 @@ ABLATIONS = {
 
 
 def ablation_kind(kind: str) -> AblationKind:
-    """`ABLATIONS[kind]`, or a ValueError naming the kinds."""
-    if kind not in ABLATIONS:
-        raise ValueError(f"kind must be one of {', '.join(map(repr, ABLATIONS))}, got {kind!r}")
-    return ABLATIONS[kind]
+    """`ABLATION_KINDS[kind]`, or a ValueError naming the kinds."""
+    if kind not in ABLATION_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, ABLATION_KINDS))}, got {kind!r}")
+    return ABLATION_KINDS[kind]
 
 
 def check_ablations(df: pd.DataFrame, missing_msg: str, times_msg: str, kind: str = "wgmma") -> None:
@@ -143,7 +143,7 @@ def check_ablations(df: pd.DataFrame, missing_msg: str, times_msg: str, kind: st
 
 
 def load_ablation_profile(path: str | None = None, kind: str = "wgmma") -> pd.DataFrame:
-    """The newest ``*_profile.csv`` in data/profiles that has the columns of ablation `kind` (`ABLATIONS`; newest =
+    """The newest ``*_profile.csv`` in data/profiles that has the columns of ablation `kind` (`ABLATION_KINDS`; newest =
     last in name order, numbers by value, as the files are named ``<device>_<date>[_<label>]_profile.csv``; or
     `path`), with its file name in column ``run``: per shape (``B``, ``L``) the kind's base and bar columns."""
     k = ablation_kind(kind)
