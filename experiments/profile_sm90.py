@@ -8,9 +8,10 @@ Per shape, in one process beside FlashMLA fp8 (GPU only):
 * stage 1's per-CTA time line (`Decoder.stage1_timeline`): launch skew, the plan header's round trip, the first
   tile's arrival, the per-tile interval and its parts, the epilogue and the spread of the CTAs' ends;
 * with ``--ablations``, the whole call again with the score wgmma skipped and with both wgmmas skipped, or with
-  ``--precision a8w4-mxfp4`` (the e4m3 route) with the fp4 -> e4m3 conversion skipped (`Decoder.ablation`: outputs
-  wrong, timing only): what the call would take if that compute were free — for fp4, where a kernel that converted
-  on other warps could at best arrive. With fp4 our a8w8 decode is timed beside (``a8w8_us``), FlashMLA in fp8.
+  ``--precision a8w4-mxfp4`` (the e4m3 route) with the fp4 -> e4m3 conversion skipped, and with its block scales'
+  loads skipped too (`Decoder.ablation`: outputs wrong, timing only): what the call would take if that work were
+  free — for fp4, where a kernel that converted on other warps could at best arrive. With fp4 our a8w8 decode is
+  timed beside (``a8w8_us``), FlashMLA in fp8.
 
 ``--out-dir`` writes ``profile.csv`` (one row per shape; data/profiles/*_profile.csv) and ``timeline_events.csv`` (the
 events of every shape's stamped launch; data/profiles/*_timeline.csv).
@@ -93,7 +94,7 @@ def main() -> None:
         if a.ablations:
             skips = [("qk", "full_no_qk_us"), ("qk+pv", "full_no_qk_pv_us")]
             if fp4:
-                skips = [("convert", "full_no_convert_us")]
+                skips = [("convert", "full_no_convert_us"), ("convert+scales", "full_no_convert_scales_us")]
             for skip, col in skips:
                 ablated = dec.ablation(skip)
                 row[col] = round(time_callable(lambda i: ablated(kv=copies[i % n]), n)["us_median"], 2)  # noqa: B023
@@ -117,7 +118,8 @@ def main() -> None:
                 write_rows_csv(os.path.join(a.out_dir, name), [{**r, **prov} for r in data])
     for base in ("flashmla_us", "a8w8_us"):
         if rows and base in rows[0]:
-            for col in ("full_us", "full_no_qk_us", "full_no_qk_pv_us", "full_no_convert_us"):
+            for col in ("full_us", "full_no_qk_us", "full_no_qk_pv_us", "full_no_convert_us",
+                        "full_no_convert_scales_us"):  # fmt: skip
                 if col in rows[0]:
                     g = math.exp(sum(math.log(r[col] / r[base]) for r in rows) / len(rows))
                     print(f"geomean {col} / {base}: {g:.3f}")

@@ -286,7 +286,8 @@ def test_recorded_ablation_profile_loads_when_present(kind: str) -> None:
         pytest.skip(f"no recorded profile with {kind} ablations in data/profiles")
     k = ABLATION_KINDS[kind]
     # skipping compute never makes the call slower than the real one by more than run noise
-    assert (p[k.bars[-1][0]] <= 1.05 * p["full_us"]).all() and len(ablation_figure(p, kind=kind).data) == len(k.bars)
+    assert (p[k.bars[-1][0]] <= 1.05 * p["full_us"]).all()
+    assert len(ablation_figure(p, kind=kind).data) == len(k.bars) + sum(c in p.columns for c, _ in k.extra)
 
 
 def test_fp4_ablation_figure_is_over_our_a8w8_and_reads_only_fp4_profiles(tmp_path) -> None:  # noqa: ANN001
@@ -307,6 +308,9 @@ def test_fp4_ablation_figure_is_over_our_a8w8_and_reads_only_fp4_profiles(tmp_pa
     assert "conversion skipped: geomean 0.877×" in fig.data[1].name  # sqrt(1.1 · 0.7)
     assert fig.layout.shapes[0].y0 == 0.85 and "our a8w8" in fig.layout.yaxis.title.text
     assert "NVIDIA H100 80GB HBM3" in fig.layout.title.text and "h100_x_fp4_profile.csv" in fig.layout.title.text
+    three = ablation_figure(p.assign(full_no_convert_scales_us=[120.0, 6.0]), kind="fp4")  # a later ablation's bar
+    assert len(three.data) == 3 and list(three.data[2].y) == pytest.approx([1.0, 0.6])
+    assert "block scales' loads skipped" in three.data[2].name
     with pytest.raises(ValueError, match="no wgmma ablation columns .*'full_no_qk_us'"):
         load_ablation_profile(str(path))  # the default kind needs the wgmma columns
     with pytest.raises(ValueError, match="lacks columns .*'a8w8_us'.*--precision a8w4-mxfp4"):

@@ -30,7 +30,7 @@ from .sm90.timeline import CtaTimeline, launch_clock_ghz, measure_clock_ghz, tim
 __all__ = ["Decoder", "decode", "check_plan", "token_work_info", "causal_work_info", "ABLATIONS", "L2_BYTES"]
 
 #: `Decoder.ablation`: which compute the sm_90 stage 1 skips (the kernel's ``ABLATE``, `sm90.host.ABLATABLE`).
-ABLATIONS = {"qk": 1, "qk+pv": 2, "convert": 3}
+ABLATIONS = {"qk": 1, "qk+pv": 2, "convert": 3, "convert+scales": 4}
 
 #: The H200's L2 (60 MB): `Decoder.stage1_timeline` reads twice this much before a stamped launch.
 L2_BYTES = 60 * 1024 * 1024
@@ -279,8 +279,8 @@ class Decoder:
         """A call like this decoder's (``call(q=None, kv=None)``) whose sm_90 stage 1 skips compute: ``"qk"`` the
         score wgmma (scores 0), ``"qk+pv"`` also the value wgmma and its V operand (the fp8 path, a8w8);
         ``"convert"`` the fp4 -> e4m3 conversion of each tile (the e4m3 route, a8w4-mxfp4: the products read a tile
-        never written). **The outputs are wrong**: for timing what the decode would take if that compute were free
-        (`experiments/profile_sm90.py`)."""
+        never written), ``"convert+scales"`` also the loads of the block scales (every scale 0). **The outputs are
+        wrong**: for timing what the decode would take if that work were free (`experiments/profile_sm90.py`)."""
         if skip not in ABLATIONS:
             raise ValueError(f"skip must be one of {', '.join(map(repr, ABLATIONS))}, got {skip!r}")
         s1 = self._require_sm90("an ablation")

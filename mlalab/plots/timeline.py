@@ -91,7 +91,7 @@ def ablation_figure(profile: pd.DataFrame, goal: float | None = None, kind: str 
     d = profile.sort_values(["L", "B"])
     shapes = [f"B{b}·L{n}" for b, n in zip(d["B"], d["L"])]
     fig = go.Figure()
-    for col, label in k.bars:
+    for col, label in (*k.bars, *((c, lab) for c, lab in k.extra if c in d.columns)):
         ratio = d[col] / d[k.base]
         geo = float(np.exp(np.log(ratio).mean()))
         hover = [f"{u:.2f} µs vs {k.base_label} {f:.2f} µs" for u, f in zip(d[col], d[k.base])]

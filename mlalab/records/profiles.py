@@ -93,13 +93,15 @@ def timeline_summary(events: pd.DataFrame, batch: int, kv_len: int) -> dict[str,
 class AblationKind:
     """One kind of ablation profile (`mlalab.kernels.Decoder.ablation`: the outputs are wrong; only the time means
     something): per shape, each of `bars` (column, label: the whole call as measured, then with compute skipped) over
-    the `base` column (`base_label`); `goal` is the issue's on the geomean of the first bar; `recorder` makes one."""
+    the `base` column (`base_label`), then each of `extra` that the profile has (ablations added later); `goal` is the
+    issue's on the geomean of the first bar; `recorder` makes one."""
 
     base: str
     base_label: str
     bars: tuple[tuple[str, str], ...]
     goal: float
     recorder: str
+    extra: tuple[tuple[str, str], ...] = ()
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -121,6 +123,7 @@ ABLATION_KINDS = {
         "a8w8_us", "our a8w8",
         (("full_us", "our decode (a8w4-mxfp4)"), ("full_no_convert_us", "… with the fp4 → e4m3 conversion skipped")),
         0.85, "experiments/profile_sm90.py --precision a8w4-mxfp4 --ablations",
+        (("full_no_convert_scales_us", "… and the block scales' loads skipped"),),
     ),
 }  # fmt: skip
 

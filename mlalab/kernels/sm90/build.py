@@ -155,9 +155,9 @@ def compile_stage1(path: str = "v-regs", *, mask_tail: bool = False, first_burst
     stages = RING[path]
     if first_burst is not None and (type(first_burst) is not int or not 1 <= first_burst <= stages):
         raise ValueError(f"first_burst must be None (the whole ring) or 1 to {stages} on {path}, got {first_burst!r}")
-    if ablate not in (0, 1, 2, 3) or isinstance(ablate, bool) or (ablate and path != ABLATABLE[ablate]):
+    if ablate not in (0, *ABLATABLE) or isinstance(ablate, bool) or (ablate and path != ABLATABLE[ablate]):
         raise ValueError(f"ablate must be 0 (the real kernel), 1 (no QK) or 2 (no QK, no PV) on v-regs, or 3 (no "
-                         f"fp4 conversion) on v-fp4-e4m3, got {ablate!r} on {path}")  # fmt: skip
+                         f"fp4 conversion) or 4 (nor scale loads) on v-fp4-e4m3, got {ablate!r} on {path}")  # fmt: skip
     if rows not in (1, 2, 4) or isinstance(rows, bool) or (rows > 1 and path != "v-regs"):
         raise ValueError(f"rows must be 1, or 2 or 4 on v-regs, got {rows!r} on {path}")
     if path == "v-fp4":

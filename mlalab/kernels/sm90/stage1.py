@@ -38,8 +38,8 @@ writes.
 
 Measurement hooks (compile-time, off in production): ``TIMELINE`` stamps each CTA's clock at each step
 (`timeline.CtaTimeline`); ``ABLATE`` skips the score wgmma (1), both wgmmas (2) or, on the e4m3 route, the fp4 →
-e4m3 conversion (3), so the call's time without that compute can be measured (outputs wrong); ``REPORT`` prints the
-V loads' bank conflicts while compiling (`build`).
+e4m3 conversion (3) and also the block scales' loads (4), so the call's time without that work can be measured
+(outputs wrong); ``REPORT`` prints the V loads' bank conflicts while compiling (`build`).
 
 Constraints (checked on the host, `host.unsupported`): 16 heads × (512 + 64) dims, the KV rows of a tile contiguous
 (page size 1 with the identity page table, or pages that are multiples of 64 tokens), a tile of whole pages of 16
@@ -191,7 +191,8 @@ def _stage1_kernel(
     CAUSAL: gl.constexpr,  # q rows side by side under the causal mask: column c's KV ends ROWS - 1 - c // H before the
     # end of the work's last row's prefix, WORK_INFO column 7 (`decoder.causal_work_info`), or at the work's end
     TIMELINE: gl.constexpr,  # stamp this CTA's row of TIMELINE_BUF (TIMELINE_COLS)
-    ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV, 3 the e4m3 route's conversion (timing only)
+    ABLATE: gl.constexpr,  # 0; 1 skips the QK wgmma, 2 also the PV, 3 the e4m3 route's conversion, 4 also its
+    # scales' loads (timing experiments only: wrong outputs)
     REPORT: gl.constexpr,  # print the V loads' bank conflicts while compiling (`build`)
     num_warps: gl.constexpr,
 ):  # fmt: skip
@@ -223,7 +224,7 @@ def _stage1_kernel(
     # (the bf16 path refills a stage one tile late: with one stage it would wait for a tile it has not issued yet)
     gl.static_assert(not V_FROM_K or KV_CONVERT or NUM_STAGES >= 2, "the bf16 ring needs 2 stages")
     gl.static_assert(not V_FROM_K or ABLATE == 0, "ablations are written for the fp8 path")
-    gl.static_assert(ABLATE != 3 or FP4_E4M3, "the conversion ablation is the e4m3 route's")
+    gl.static_assert(ABLATE < 3 or FP4_E4M3, "the conversion (and scale load) ablations are the e4m3 route's")
     gl.static_assert(NUM_STAGES <= 3 and NUM_STAGES <= INFO_COLS - 5, "CTA_INFO lists the rows of the ring's tiles")
     gl.static_assert(FIRST_BURST >= 1 and FIRST_BURST <= NUM_STAGES, "the first burst is 1 to NUM_STAGES tiles")
     if LAUNCH_DEPENDENTS:  # programmatic dependent launch: the reduce's CTAs may start (and wait) right away
@@ -319,7 +320,8 @@ def _stage1_kernel(
     # CAUSAL: how many tokens before the work's KV end each column's q row stops (its row r of ROWS: ROWS - 1 - r)
     col_back = ROWS - 1 - gl.arange(0, NQ, layout=gl.SliceLayout(0, ACC)) // H
     if KV_FP4:  # the first tile's block scales, staged in shared memory (then each tile stages the next one's)
-        sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row0, n_tiles > 0, KV_ROWS, KV_FP4, BLOCK_N)
+        # (the ablation of the scales' loads (4) masks them all off: every scale 0)
+        sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row0, (n_tiles > 0) & (ABLATE != 4), KV_ROWS, KV_FP4, BLOCK_N)
         scn_smem, scr_smem = _scale_buffers(sc_nope, sc_rope)
 
     it = 0  # tiles consumed by this CTA (ring position and phase)
@@ -396,7 +398,7 @@ def _stage1_kernel(
                 if KV_FP4:  # codes x block scales (exact: `fp4tiles`), or e4m3 residuals and the tokens' exponents
                     e_max = _convert_fp4_tile(kn, kr_smem.index(s), scn_smem, scr_smem, kb_words.index(zero),
                                               krb_words.index(zero), kv_end - start, MASK_TAIL, KV_FP4, BLOCK_N,
-                                              FP4_E4M3, REPORT, ABLATE == 3)  # fmt: skip
+                                              FP4_E4M3, REPORT, ABLATE >= 3)  # fmt: skip
                 else:
                     _convert_tile(kn, kb, kv_end - start, MASK_TAIL, BLOCK_N, D_NOPE)
                     _convert_tile(kr_smem.index(s), krb, BLOCK_N, False, BLOCK_N, D_ROPE)  # (rope: scores masked)
@@ -405,7 +407,8 @@ def _stage1_kernel(
                 _issue_kv_tile(kn_desc, kr_desc, kn_smem, kr_smem, ready, row_pf, it + NUM_STAGES, n_tiles,
                                NUM_STAGES, sub_rows, KV, TOKENS, True, tok)  # fmt: skip
                 if KV_FP4:  # the next tile's block scales, in flight while this tile's QK and softmax run
-                    sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row_sc, it + 1 < n_tiles, KV_ROWS, KV_FP4, BLOCK_N)
+                    sc_nope, sc_rope = _load_tile_scales(KV_SCALES, row_sc, (it + 1 < n_tiles) & (ABLATE != 4), KV_ROWS,
+                                                         KV_FP4, BLOCK_N)  # fmt: skip
                 kn = kb
             if V_IN_REGS and not KV_CONVERT:
                 # PV(it-1) has run while this tile arrived; once it completes, its A registers (V of tile it-1) and
