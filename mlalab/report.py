@@ -45,8 +45,10 @@ from .plots.experiments import (
 )
 from .plots.frontier import bytes_floor_figure, frontier_figure
 from .plots.splitkv import cu_load_figure, work_map_figure
+from .plots.timeline import ablation_figure
 from .plots.timing import bandwidth_figure, bars_per_shape, layout_cost_figure
 from .records.ab import list_experiments, load_experiment
+from .records.profiles import ABLATION_KINDS, load_ablation_profile
 from .records.timings import layout_costs_by_gpu, load_recorded, recorded_view
 
 __all__ = [
@@ -234,6 +236,31 @@ def section_layouts(opts: ReportOptions) -> Section:
     return Section(key, title, desc, (layout_cost_figure(costs, gpu),), table_html=table, source=src)
 
 
+def section_ablations(opts: ReportOptions) -> Section:
+    key, title = "ablations", "What if compute were free? (recorded ablations)"
+    desc = (
+        "Our whole call timed again with some of its compute skipped (`Decoder.ablation`: the outputs are wrong, every "
+        "byte still moves), in one process with what it is compared to: the a8w8 decode without its score wgmma and "
+        "without both wgmmas, over FlashMLA fp8; fp4 KV on fp8 wgmma (a8w4-mxfp4) without its fp4 → e4m3 "
+        "conversion, over our a8w8: the most a kernel converting on other warps could win. Where the last bar stays "
+        "above the goal, that compute is not what keeps a shape from it. data/profiles, not measured now."
+    )
+    figs, runs, missing = [], [], []
+    for kind in ABLATION_KINDS:
+        try:
+            prof = load_ablation_profile(kind=kind, profile_dir=str(opts.data_dir / "profiles"))
+        except (FileNotFoundError, ValueError) as e:
+            missing.append(f"{kind}: {e}")
+            continue
+        figs.append(ablation_figure(prof, kind=kind))
+        runs.append(str(prof["run"].iloc[0]))
+    if not figs:
+        return _unavailable(key, title, desc, "no ablation profile in data/profiles (" + "; ".join(missing) + ")")
+    desc += f" Files: {', '.join(runs)}." + (f" Not recorded: {'; '.join(missing)}." if missing else "")
+    src = "mlalab.records.profiles.load_ablation_profile, mlalab.plots.timeline.ablation_figure"
+    return Section(key, title, desc, tuple(figs), source=src)
+
+
 def _experiment_tables(opts: ReportOptions) -> dict[str, object]:
     pdir = opts.data_dir / "ab"
     return {n: load_experiment(n, str(pdir)) for n in list_experiments(str(pdir))}
@@ -308,6 +335,7 @@ DETAIL_SECTIONS = ("experiment-details",)
 SECTION_BUILDERS: dict[str, SectionBuilder] = {
     "timings": section_timings,
     "layouts": section_layouts,
+    "ablations": section_ablations,
     "experiments": section_experiments,
     "accuracy": section_accuracy,
     "frontier": section_frontier,

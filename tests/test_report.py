@@ -39,6 +39,7 @@ SECTION_MODULES = {
     "workmap": "mlalab.plots.splitkv",
     "timings": "mlalab.plots.timing",
     "layouts": "mlalab.plots.timing",
+    "ablations": "mlalab.plots.timeline",
     "experiments": "mlalab.plots.experiments",
     "frontier": "mlalab.plots.frontier",
 }
@@ -166,6 +167,26 @@ def test_experiments_are_one_table_and_one_figure_in_plain_words(report: tuple[s
                 if not (ax == "yaxis" and sec.key == "experiments"):  # (its y axis: the questions themselves)
                     assert re.search(r"[a-z]{4}", t), (sec.key, ax, t)
                 assert "(baseline)" not in t, (sec.key, ax, t)
+
+
+def test_ablations_section_draws_each_recorded_kind_or_says_which_is_missing(tmp_path: Path) -> None:
+    """One figure per ablation kind recorded in data/profiles (the fp8 decode's wgmmas, the fp4 route's conversion),
+    the files named; a kind without a profile is named as missing; none at all makes the section unavailable."""
+    import shutil
+
+    from mlalab.report import section_ablations
+
+    s = section_ablations(ReportOptions())
+    assert s.unavailable is None and len(s.figures) == 2
+    assert "FlashMLA fp8" in s.figures[0].layout.yaxis.title.text and "a8w8" in s.figures[1].layout.yaxis.title.text
+    fp4 = re.search(r"h100_[-0-9]+_fp4_convert_profile\.csv", s.description)
+    assert fp4 and "_profile.csv, " in s.description
+    (tmp_path / "profiles").mkdir()
+    s = section_ablations(ReportOptions(data_dir=tmp_path))
+    assert s.unavailable and "wgmma: no *_profile.csv" in s.unavailable and "fp4: no" in s.unavailable
+    shutil.copy(ReportOptions().data_dir / "profiles" / fp4.group(0), tmp_path / "profiles")
+    s = section_ablations(ReportOptions(data_dir=tmp_path))
+    assert len(s.figures) == 1 and "Not recorded: wgmma" in s.description and fp4.group(0) in s.description
 
 
 def test_details_add_one_figure_per_experiment_titled_by_its_question(tmp_path: Path) -> None:

@@ -98,8 +98,9 @@ def ablation_figure(profile: pd.DataFrame, goal: float | None = None, kind: str 
         fig.add_trace(go.Bar(x=shapes, y=ratio, name=f"{label}: geomean {geo:.3f}×", hovertext=hover))
     gpu = str(d["gpu"].iloc[0]) if "gpu" in d.columns else "the H200"
     run = f" ({d['run'].iloc[0]})" if "run" in d.columns else ""
-    return finish_ratio_figure(fig, goal, f"time / {k.base_label}, measured on {gpu} in one process{run}",
-                               peer=k.base_label)  # fmt: skip
+    fig = finish_ratio_figure(fig, goal, f"time / {k.base_label}, measured on {gpu} in one process{run}",
+                              peer=k.base_label)  # fmt: skip
+    return fig.update_layout(xaxis_title="shape (batch · kv_len)")
 
 
 def check_goal(goal: object) -> None:

@@ -145,16 +145,17 @@ def check_ablations(df: pd.DataFrame, missing_msg: str, times_msg: str, kind: st
         raise ValueError(times_msg)
 
 
-def load_ablation_profile(path: str | None = None, kind: str = "wgmma") -> pd.DataFrame:
-    """The newest ``*_profile.csv`` in data/profiles that has the columns of ablation `kind` (`ABLATION_KINDS`; newest =
-    last in name order, numbers by value, as the files are named ``<device>_<date>[_<label>]_profile.csv``; or
-    `path`), with its file name in column ``run``: per shape (``B``, ``L``) the kind's base and bar columns."""
+def load_ablation_profile(path: str | None = None, kind: str = "wgmma", profile_dir: str = PROFILE_DIR) -> pd.DataFrame:
+    """The newest ``*_profile.csv`` in `profile_dir` (data/profiles) that has the columns of ablation `kind`
+    (`ABLATION_KINDS`; newest = last in name order, numbers by value, as the files are named
+    ``<device>_<date>[_<label>]_profile.csv``; or `path`), with its file name in column ``run``: per shape (``B``,
+    ``L``) the kind's base and bar columns."""
     k = ablation_kind(kind)
     if path is None:
-        files = sorted(glob.glob(os.path.join(PROFILE_DIR, "*_profile.csv")), key=_name_order)
+        files = sorted(glob.glob(os.path.join(profile_dir, "*_profile.csv")), key=_name_order)
         files = [f for f in files if set(k.columns) <= set(pd.read_csv(f, nrows=0).columns)]
         if not files:
-            raise FileNotFoundError(f"no *_profile.csv with {kind} ablations in {PROFILE_DIR} (record one with "
+            raise FileNotFoundError(f"no *_profile.csv with {kind} ablations in {profile_dir} (record one with "
                                     f"{k.recorder})")  # fmt: skip
         path = files[-1]
     df = pd.read_csv(path)
