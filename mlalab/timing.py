@@ -323,12 +323,15 @@ def _set_errors(rec: TimingRecord, out: torch.Tensor, exact: torch.Tensor, emul:
     rec.err_vs_emulated = rel_l2(out, emul)
 
 
-def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log: Any = print) -> None:
+def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log: Any = print,
+                  refs: dict | None = None) -> None:  # fmt: skip
     """Fill the error columns of records timed with ``refs=None`` (`bench_one`, status `ACCURACY_PENDING`) from
-    their kept outputs, against references on `x` (the same inputs they were timed on); status becomes "ok". A
-    reference that cannot be computed leaves the errors NaN, says so in the log and keeps the timing ("ok"); an
-    output that cannot be compared with it (wrong size: a backend bug) makes the row ``error: accuracy: ...``."""
-    refs: dict = {}
+    their kept outputs, against references on `x` (the same inputs they were timed on, or the same logical q and KV
+    in another layout); status becomes "ok". `refs`: `quantised_reference`'s cache, to share the references between
+    calls on the same logical inputs (filled here). A reference that cannot be computed leaves the errors NaN, says
+    so in the log and keeps the timing ("ok"); an output that cannot be compared with it (wrong size: a backend bug)
+    makes the row ``error: accuracy: ...``."""
+    refs = {} if refs is None else refs
     for rec, out in pending:
         if rec.status != ACCURACY_PENDING:
             raise ValueError(f"fill_accuracy: {rec.backend} {rec.precision} B={rec.batch} L={rec.kv_len} has status "
@@ -348,25 +351,32 @@ def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log:
             rec.status = _error_status(e, "accuracy: ")
 
 
-def fill_accuracy_by_shape(pending: dict[tuple, list], log: Any = print, after_shape: Any = None) -> None:
+def fill_accuracy_by_shape(pending: dict[tuple, list], log: Any = print, after_shape: Any = None,
+                           device: str = "cuda") -> None:  # fmt: skip
     """The second pass of a timing run: for each case ``(batch, kv_len[, q_len, layout[, causal]])`` of `pending`
-    (case -> [(record, output)], as `bench_one` with ``refs=None`` kept them), regenerate its inputs (`case_inputs` is
-    seeded: the same inputs that were timed), `fill_accuracy`, log each row's errors and call ``after_shape()`` (e.g.
-    rewrite the CSV)."""
+    (case -> [(record, output)], as `bench_one` with ``refs=None`` kept them), `fill_accuracy` against references on
+    its regenerated inputs (`case_inputs` is seeded: the same inputs that were timed), log each row's errors and call
+    ``after_shape()`` (e.g. rewrite the CSV). The layouts of one logical case (same batch, kv_len, q_len and mask)
+    hold the same q and KV values (unused pool slots are zeros, so even per-tensor scales agree): their inputs are
+    made and their references computed once, on `device`."""
+    groups: dict[tuple, list] = {}  # logical case (the key without its layout) -> its cases, in pending's order
     for key, kept in pending.items():
-        if not kept:
-            continue
-        B, L = key[0], key[1]
-        x = case_inputs(*key).to("cuda")
-        fill_accuracy(kept, x, log)
-        for rec, _ in kept:
-            log(f"{rec.backend:16s} {rec.planner:10s} {rec.precision:6s} B={B:4d} L={L:5d} q{rec.q_len} {rec.layout} "
-                f"err {rec.err_vs_exact:.2e} (quant {rec.err_quant_emulated:.2e}, "
-                f"vs emul {rec.err_vs_emulated:.2e}) {rec.status} {rec.config}")  # fmt: skip
-        del x
+        if kept:
+            groups.setdefault(tuple(v for i, v in enumerate(key) if i != 3), []).append((key, kept))
+    for cases in groups.values():
+        first = cases[0][0]  # (the logical case's inputs laid out contiguously: the smallest buffer)
+        x, refs = case_inputs(*first[:3], "contiguous", *first[4:]) if len(first) > 3 else case_inputs(*first), {}
+        x = x.to(device)
+        for key, kept in cases:
+            fill_accuracy(kept, x, log, refs)
+            for rec, _ in kept:
+                log(f"{rec.backend:16s} {rec.planner:10s} {rec.precision:6s} B={key[0]:4d} L={key[1]:5d} q{rec.q_len} "
+                    f"{rec.layout} err {rec.err_vs_exact:.2e} (quant {rec.err_quant_emulated:.2e}, "
+                    f"vs emul {rec.err_vs_emulated:.2e}) {rec.status} {rec.config}")  # fmt: skip
+            if after_shape is not None:
+                after_shape()
+        del x, refs
         torch.cuda.empty_cache()
-        if after_shape is not None:
-            after_shape()
 
 
 def check_suite_args(

@@ -296,6 +296,54 @@ def test_fill_accuracy_fills_the_deferred_error_columns_and_refuses_mismatches()
     assert bad.status.startswith("error: accuracy: ValueError") and bad.us_median == 5.0
 
 
+def test_every_layout_of_a_case_has_the_same_references() -> None:
+    """`case_inputs` lays the same logical q and KV out in every layout (unused pool slots zero), so the exact and the
+    emulated references agree bit for bit across layouts, per-tensor fp8 scales and fp4 block scales included: what
+    lets the accuracy pass compute them once per logical case."""
+    from mlalab.timing import LAYOUTS, case_inputs, quantised_reference
+
+    for causal in (False, True):
+        refs = {lay: {} for lay in LAYOUTS}
+        for lay in LAYOUTS:
+            x = case_inputs(2, 192, 2, lay, causal)
+            for prec in ("a8w8", "bf16", "a8w4-mxfp4", "a16w4-nvfp4"):
+                quantised_reference(x, prec, refs[lay])
+        for lay in LAYOUTS:
+            assert refs[lay].keys() == refs["contiguous"].keys()
+            for k, ref in refs[lay].items():
+                assert torch.equal(ref, refs["contiguous"][k]), (causal, lay, k)
+
+
+def test_the_accuracy_pass_makes_each_logical_case_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fill_accuracy_by_shape` regenerates the inputs once per (batch, kv_len, q_len, mask), contiguously, for all its
+    layouts; every row gets the errors its own layout's references give (0 against the exact one here)."""
+    import mlalab.timing as timing
+    from mlalab.records.schema import ACCURACY_PENDING
+
+    made: list[tuple] = []
+    original = timing.case_inputs
+
+    def counted(*key: object) -> object:
+        made.append(key)
+        return original(*key)
+
+    pending: dict[tuple, list] = {}
+    for lay in timing.LAYOUTS:
+        for q in (1, 2):
+            key = (2, 128, q, lay, False)
+            exact, _ = timing.quantised_reference(timing.case_inputs(*key), "a8w8", {})
+            rec = TimingRecord("triton", "simple", "a8w8", "{}", 2, 128, q_len=q, layout=lay, status=ACCURACY_PENDING)
+            pending[key] = [(rec, exact)]
+    monkeypatch.setattr(timing, "case_inputs", counted)
+    shapes_done: list[int] = []
+    timing.fill_accuracy_by_shape(pending, log=lambda s: None, after_shape=lambda: shapes_done.append(1),
+                                  device="cpu")  # fmt: skip
+    assert made == [(2, 128, 1, "contiguous", False), (2, 128, 2, "contiguous", False)] and len(shapes_done) == 8
+    for kept in pending.values():
+        ((rec, _),) = kept
+        assert rec.status == "ok" and rec.err_vs_exact == 0.0 and 0.0 < rec.err_quant_emulated < 0.1
+
+
 def test_rows_timed_before_the_accuracy_pass_stay_in_the_views(tmp_path: Path) -> None:
     """A suite stopped between its passes leaves rows 'accuracy pending' (valid times, NaN errors): the views keep
     them; failed rows they drop."""
