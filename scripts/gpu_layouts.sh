@@ -4,8 +4,8 @@
 # fp8, then, while END_S allows, in bf16 and a16w8 beside FlashMLA bf16: one file per q_len under $OUT
 # (layouts_a8w8_q{1,2,4}.csv, layouts_16bit_q{1,2,4}.csv), each rewritten after every shape, so a call cut short
 # still returns what finished. `bench --recorded --layout-costs` then reads them (copied into data/layouts/).
-# On an H100 (2026-12-07) a8w8 took ~190 s a q_len, about half of it the accuracy pass (since shared by the four
-# layouts of a case): one call for a8w8, another for bf16 / a16w8 (Q_LENS, LAYOUTS narrow a call).
+# On an H100 (2026-12-07) a8w8 took ~190 s a q_len, timings and the accuracy pass (whose references the four
+# layouts of a case now share): one call for a8w8, another for bf16 / a16w8 (Q_LENS, LAYOUTS narrow a call).
 # Here first: scripts/device_wheels.sh (PEERS=flashmla); carry .whl. Knobs (env): END_S (seconds of the call, 570),
 # Q_LENS ("1 2 4"), LAYOUTS (all four), BACKENDS (triton,flashmla: FlashInfer is not carried by default).
 T0=$(date +%s); END=${END_S:-570}
