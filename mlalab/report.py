@@ -249,8 +249,8 @@ def section_ablations(opts: ReportOptions) -> Section:
     for kind in ABLATION_KINDS:
         try:
             prof = load_ablation_profile(kind=kind, profile_dir=str(opts.data_dir / "profiles"))
-        except (FileNotFoundError, ValueError) as e:
-            missing.append(f"{kind}: {e}")
+        except (FileNotFoundError, ValueError) as e:  # (the page names data/, never this machine's folders)
+            missing.append(f"{kind}: " + str(e).replace(str(opts.data_dir), "data"))
             continue
         figs.append(ablation_figure(prof, kind=kind))
         runs.append(str(prof["run"].iloc[0]))

@@ -184,6 +184,7 @@ def test_ablations_section_draws_each_recorded_kind_or_says_which_is_missing(tmp
     (tmp_path / "profiles").mkdir()
     s = section_ablations(ReportOptions(data_dir=tmp_path))
     assert s.unavailable and "wgmma: no *_profile.csv" in s.unavailable and "fp4: no" in s.unavailable
+    assert str(tmp_path) not in s.unavailable and "in data/profiles" in s.unavailable
     shutil.copy(ReportOptions().data_dir / "profiles" / fp4.group(0), tmp_path / "profiles")
     s = section_ablations(ReportOptions(data_dir=tmp_path))
     assert len(s.figures) == 1 and "Not recorded: wgmma" in s.description and fp4.group(0) in s.description
