@@ -12,7 +12,7 @@ without it, the backend's default plan), optionally prefixed ``NAME:`` to run th
 another commit, the package ``mlalab_NAME`` in the folder given with ``--before DIR`` (``before:`` is
 ``mlalab_before``; e.g. for the tag before the redesign:
 ``git archive experiments-2026-12 mlalab | tar -x -C DIR && mv DIR/mlalab DIR/mlalab_before``). Several such
-packages in DIR let one call time several commits (``--variants auto,before:auto,colmax:auto``); the codes share the
+packages in DIR let one call time several commits (``--variants auto,before:auto,other:auto``); the codes share the
 process, the GPU and the inputs (the same seeded generator). Only this tree's variants are checked.
 
     python experiments/ab.py --variants auto,portable --out /tmp/ab.csv
