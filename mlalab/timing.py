@@ -331,6 +331,8 @@ def fill_accuracy(pending: list[tuple[TimingRecord, torch.Tensor]], x: Any, log:
     calls on the same logical inputs (filled here). A reference that cannot be computed leaves the errors NaN, says
     so in the log and keeps the timing ("ok"); an output that cannot be compared with it (wrong size: a backend bug)
     makes the row ``error: accuracy: ...``."""
+    if refs is not None and not isinstance(refs, dict):
+        raise TypeError(f"refs must be a dict (quantised_reference's cache) or None, got {type(refs).__name__}")
     refs = {} if refs is None else refs
     for rec, out in pending:
         if rec.status != ACCURACY_PENDING:
@@ -359,6 +361,8 @@ def fill_accuracy_by_shape(pending: dict[tuple, list], log: Any = print, after_s
     ``after_shape()`` (e.g. rewrite the CSV). The layouts of one logical case (same batch, kv_len, q_len and mask)
     hold the same q and KV values (unused pool slots are zeros, so even per-tensor scales agree): their inputs are
     made and their references computed once, on `device`."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str such as 'cuda' or 'cpu', got {type(device).__name__}")
     groups: dict[tuple, list] = {}  # logical case (the key without its layout) -> its cases, in pending's order
     for key, kept in pending.items():
         if kept:

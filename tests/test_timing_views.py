@@ -339,6 +339,10 @@ def test_the_accuracy_pass_makes_each_logical_case_once(monkeypatch: pytest.Monk
     timing.fill_accuracy_by_shape(pending, log=lambda s: None, after_shape=lambda: shapes_done.append(1),
                                   device="cpu")  # fmt: skip
     assert made == [(2, 128, 1, "contiguous", False), (2, 128, 2, "contiguous", False)] and len(shapes_done) == 8
+    with pytest.raises(TypeError, match="device must be a str"):
+        timing.fill_accuracy_by_shape(pending, device=0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="refs must be a dict"):
+        timing.fill_accuracy([], None, refs=[])  # type: ignore[arg-type]
     for kept in pending.values():
         ((rec, _),) = kept
         assert rec.status == "ok" and rec.err_vs_exact == 0.0 and 0.0 < rec.err_quant_emulated < 0.1
