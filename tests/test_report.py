@@ -179,7 +179,7 @@ def test_ablations_section_draws_each_recorded_kind_or_says_which_is_missing(tmp
     s = section_ablations(ReportOptions())
     assert s.unavailable is None and len(s.figures) == 2
     assert "FlashMLA fp8" in s.figures[0].layout.yaxis.title.text and "a8w8" in s.figures[1].layout.yaxis.title.text
-    fp4 = re.search(r"h100_[-0-9]+_fp4_convert_profile\.csv", s.description)
+    fp4 = re.search(r"h100_[-0-9]+_fp4_convert(_scales)?_profile\.csv", s.description)
     assert fp4 and "_profile.csv, " in s.description
     (tmp_path / "profiles").mkdir()
     s = section_ablations(ReportOptions(data_dir=tmp_path))
