@@ -242,7 +242,8 @@ def section_ablations(opts: ReportOptions) -> Section:
         "Our whole call timed again with some of its compute skipped (`Decoder.ablation`: the outputs are wrong, every "
         "byte still moves), in one process with what it is compared to: the a8w8 decode without its score wgmma and "
         "without both wgmmas, over FlashMLA fp8; fp4 KV on fp8 wgmma (a8w4-mxfp4) without its fp4 → e4m3 "
-        "conversion, over our a8w8: the most a kernel converting on other warps could win. Where the last bar stays "
+        "conversion (the most a kernel converting on other warps could win) and, where recorded, also without its "
+        "block scales' loads, over our a8w8. Where the last bar stays "
         "above the goal, that compute is not what keeps a shape from it. data/profiles, not measured now."
     )
     figs, runs, missing = [], [], []

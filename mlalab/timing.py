@@ -369,8 +369,8 @@ def fill_accuracy_by_shape(pending: dict[tuple, list], log: Any = print, after_s
             groups.setdefault(tuple(v for i, v in enumerate(key) if i != 3), []).append((key, kept))
     for cases in groups.values():
         first = cases[0][0]  # (the logical case's inputs laid out contiguously: the smallest buffer)
-        x, refs = case_inputs(*first[:3], "contiguous", *first[4:]) if len(first) > 3 else case_inputs(*first), {}
-        x = x.to(device)
+        logical = (*first[:3], "contiguous", *first[4:]) if len(first) > 3 else first
+        x, refs = case_inputs(*logical).to(device), {}
         for key, kept in cases:
             fill_accuracy(kept, x, log, refs)
             for rec, _ in kept:

@@ -110,8 +110,9 @@ class AblationKind:
 
 
 #: The ablation profiles by kind: "wgmma", the fp8 decode with its matrix products skipped, against FlashMLA fp8 (the
-#: q_len 1 goal, 0.65x); "fp4", the e4m3 route (a8w4-mxfp4) with its fp4 -> e4m3 conversion skipped, against our
-#: a8w8 in the same process (the fp4 issue's geomean goal, 0.85x; its goal at 128 x 8192 is 0.6x).
+#: q_len 1 goal, 0.65x); "fp4", the e4m3 route (a8w4-mxfp4) with its fp4 -> e4m3 conversion skipped (and, in
+#: profiles from 2026-12-08 on, also its block scales' loads), against our a8w8 in the same process (the fp4 issue's
+#: geomean goal, 0.85x; its goal at 128 x 8192 is 0.6x).
 ABLATION_KINDS = {
     "wgmma": AblationKind(
         "flashmla_us", "FlashMLA fp8",
